@@ -1,0 +1,96 @@
+"""``manage.py up``: run the console and the supervisor with the default deployment started.
+
+Ctrl-C or SIGTERM stops the supervisor, which stops every worker and the router.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+from console.deployments.defaults import DEFAULT_DEPLOYMENT
+from console.deployments.models import Deployment
+
+
+class Command(BaseCommand):
+    help = "Start the console and the supervisor, and start the default deployment."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--no-start", action="store_true",
+                            help="do not start the default deployment")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        call_command("bootstrap", stdout=self.stdout)
+        deployment = Deployment.objects.get(name=DEFAULT_DEPLOYMENT)
+        if not options["no_start"]:
+            Deployment.objects.filter(pk=deployment.pk).update(
+                desired_state=Deployment.DesiredState.RUNNING
+            )
+        started = time.monotonic()
+        host, port = settings.PDSERVE_CONSOLE_HOST, settings.PDSERVE_CONSOLE_PORT
+        children = [
+            subprocess.Popen([sys.executable, "manage.py", "supervise"], cwd=settings.BASE_DIR),
+            subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host,
+                 "--port", str(port), "--no-access-log", "--lifespan", "off"],
+                cwd=settings.BASE_DIR,
+            ),
+        ]
+        self.stopping = False
+
+        def request_stop(signum: int, _frame: FrameType | None) -> None:
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+        self.stdout.write(f"pdserve: console on http://{host}:{port}/ ; starting workers "
+                          "(a vLLM worker takes 1-2 minutes on a CPU)...")
+        announced = options["no_start"]
+        try:
+            while not self.stopping:
+                if any(child.poll() is not None for child in children):
+                    self.stderr.write("pdserve: the console or the supervisor exited; stopping")
+                    break
+                if not announced and _router_ready(deployment.router_url):
+                    announced = True
+                    self._announce(deployment, host, port, time.monotonic() - started)
+                time.sleep(0.5)
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            for child in children:
+                try:
+                    child.wait(timeout=40)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+            self.stdout.write("pdserve: stopped")
+
+    def _announce(self, deployment: Deployment, host: str, port: int, elapsed: float) -> None:
+        auth = ' -H "Authorization: Bearer $PDSERVE_API_KEY"' if settings.PDSERVE_API_KEY else ""
+        self.stdout.write(
+            f"\npdserve: deployment {deployment.name} is ready after {elapsed:.0f} s\n"
+            f"  console: http://{host}:{port}/\n"
+            f"  router:  {deployment.router_url}/v1  (OpenAI-compatible)\n"
+            f"  try:     curl {deployment.router_url}/v1/chat/completions{auth} "
+            f"-H 'Content-Type: application/json' -d '{{\"model\":\"{deployment.served_model_name}\","
+            f"\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'\n"
+            "  stop:    Ctrl-C\n"
+        )
+        self.stdout.flush()
+
+
+def _router_ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,87 @@
+"""From a stored plan to the processes that run it: vLLM workers and the router."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+
+from console.deployments.models import Deployment, WorkerPlan
+from inference.kv_channels import KVChannel, make_channel
+from inference.launch import WorkerSpec, build_command
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    slot: str
+    role: str
+    port: int
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def kv_storage_path(deployment: Deployment) -> Path:
+    return Path(settings.PDSERVE_KV_DIR) / deployment.name
+
+
+def kv_channel(deployment: Deployment) -> KVChannel:
+    return make_channel(deployment.kv_channel, storage_path=kv_storage_path(deployment))
+
+
+def worker_spec(deployment: Deployment, worker: WorkerPlan) -> WorkerSpec:
+    return WorkerSpec(
+        role=worker.role,
+        model_path=worker.variant.path,
+        served_model_name=deployment.served_model_name,
+        port=worker.port,
+        max_model_len=deployment.max_model_len,
+        kv_channel=None if worker.role == WorkerPlan.Role.COLOCATED else deployment.kv_channel,
+        kv_storage_path=str(kv_storage_path(deployment)),
+        side_channel_port=worker.side_channel_port,
+        host=worker.host,
+        cpu_cores=worker.core_tuple(),
+        gpu_indices=worker.gpu_tuple(),
+        kv_cache_gib=deployment.kv_cache_gib,
+        dtype=deployment.dtype,
+        sampling_defaults=dict(deployment.sampling_defaults or {}),
+        data_dir=str(settings.DATA_DIR),
+    )
+
+
+def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
+    by_role: dict[str, list[WorkerPlan]] = {}
+    for worker in workers:
+        by_role.setdefault(worker.role, []).append(worker)
+    # The router checks prompt lengths with the tokenizer decode uses, since decode is the
+    # side that renders chat requests a second time.
+    tokenizer_worker = (by_role.get("decode") or by_role.get("colocated") or workers)[0]
+    argv = [
+        sys.executable, "-m", "inference.router",
+        "--served-model-name", deployment.served_model_name,
+        "--tokenizer", tokenizer_worker.variant.path,
+        "--max-model-len", str(deployment.max_model_len),
+        "--kv-channel", deployment.kv_channel,
+        "--host", deployment.router_host,
+        "--port", str(deployment.router_port),
+    ]
+    for role, flag in (("prefill", "--prefill"), ("decode", "--decode"), ("colocated", "--colocated")):
+        for worker in by_role.get(role, []):
+            argv += [flag, worker.url]
+    return argv
+
+
+def process_specs(deployment: Deployment) -> list[ProcessSpec]:
+    workers = list(deployment.workers.select_related("variant").order_by("role", "index"))
+    specs = []
+    for worker in workers:
+        argv, env = build_command(worker_spec(deployment, worker))
+        specs.append(ProcessSpec(slot=worker.slot, role=worker.role, port=worker.port,
+                                 argv=argv, env=env))
+    router_env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if settings.PDSERVE_API_KEY:
+        router_env["PDSERVE_API_KEY"] = settings.PDSERVE_API_KEY
+    specs.append(ProcessSpec(slot="router", role="router", port=deployment.router_port,
+                             argv=router_argv(deployment, workers), env=router_env))
+    return specs

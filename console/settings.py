@@ -1,0 +1,172 @@
+"""pdserve console settings: the one settings module. Every value comes from the environment.
+
+Embedded default: SQLite, an in-memory channel layer, and a Celery broker that needs no server.
+DATABASE_URL switches to PostgreSQL; REDIS_URL switches to channels-redis and Celery on Redis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.management.utils import get_random_secret_key
+
+from console.env import env_bool, env_int, env_list, env_path, env_secret, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = env_path("PDSERVE_DATA_DIR", BASE_DIR / "data")
+
+DEBUG = env_bool("PDSERVE_DEBUG", False)
+ALLOWED_HOSTS = env_list("PDSERVE_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("PDSERVE_CSRF_TRUSTED_ORIGINS", [])
+
+
+def _secret_key() -> str:
+    explicit = env_secret("PDSERVE_SECRET_KEY")
+    if explicit:
+        return explicit
+    # Generated once per data directory, so sessions survive restarts without configuration.
+    key_file = DATA_DIR / "secret_key"
+    if key_file.is_file():
+        return key_file.read_text().strip()
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    key = get_random_secret_key()
+    key_file.write_text(key)
+    key_file.chmod(0o600)
+    return key
+
+
+SECRET_KEY = _secret_key()
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "channels",
+    "console.catalog",
+    "console.deployments",
+    "console.supervisor",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+ASGI_APPLICATION = "console.asgi.application"
+WSGI_APPLICATION = "console.wsgi.application"
+
+_database_url = env_str("DATABASE_URL")
+if _database_url:
+    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "pdserve.sqlite3",
+            # The console and the supervisor write concurrently: WAL lets readers go on while
+            # one writes, and IMMEDIATE transactions wait for the lock instead of failing.
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_RESULT_BACKEND = REDIS_URL
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # A SQLite-backed broker through kombu's SQLAlchemy transport would need SQLAlchemy;
+    # the filesystem transport needs nothing but a directory.
+    _broker_dir = DATA_DIR / "celery"
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+    }
+    CELERY_RESULT_BACKEND = f"file://{_broker_dir / 'results'}"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+}
+
+# pdserve's own settings
+PDSERVE_CONSOLE_HOST = env_str("PDSERVE_CONSOLE_HOST", "127.0.0.1")
+PDSERVE_CONSOLE_PORT = env_int("PDSERVE_CONSOLE_PORT", 8000, 1, 65535)
+PDSERVE_ROUTER_PORT = env_int("PDSERVE_ROUTER_PORT", 8080, 1, 65535)
+PDSERVE_API_KEY = env_secret("PDSERVE_API_KEY")
+PDSERVE_LOG_DIR = DATA_DIR / "logs"
+PDSERVE_MODEL_DIR = DATA_DIR / "models"
+# Shared-storage KV files live in RAM when /dev/shm exists.
+PDSERVE_KV_DIR = env_path(
+    "PDSERVE_KV_DIR", Path("/dev/shm/pdserve") if Path("/dev/shm").is_dir() else DATA_DIR / "kv"
+)
+PDSERVE_SUPERVISOR_TICK_S = float(env_int("PDSERVE_SUPERVISOR_TICK_MS", 500, 50, 10_000)) / 1000
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SupervisorConfig(AppConfig):
+    name = "console.supervisor"
+    label = "supervisor"

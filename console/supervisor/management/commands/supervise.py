@@ -1,0 +1,70 @@
+"""``manage.py supervise``: the supervisor daemon (one per data directory)."""
+
+from __future__ import annotations
+
+import fcntl
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from console.supervisor.models import ManagedProcess
+from console.supervisor.runner import Supervisor
+
+
+class Command(BaseCommand):
+    help = "Start, watch and restart the worker and router processes of running deployments."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--status", action="store_true",
+                            help="print the process table and exit")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["status"]:
+            self._print_status()
+            return
+        lock_path = Path(settings.DATA_DIR) / "supervisor.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_path, "w")  # noqa: SIM115 - held for the daemon's lifetime
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise CommandError(f"another supervisor holds {lock_path}") from exc
+
+        self.stopping = False
+
+        def request_stop(signum: int, _frame: FrameType | None) -> None:
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+
+        supervisor = Supervisor()
+        fixed = supervisor.recover()
+        if fixed:
+            self.stdout.write(f"supervisor: marked {fixed} leftover process record(s) failed")
+        self.stdout.write("supervisor: running", ending="\n")
+        self.stdout.flush()
+        try:
+            while not self.stopping:
+                supervisor.tick()
+                time.sleep(settings.PDSERVE_SUPERVISOR_TICK_S)
+        finally:
+            self.stdout.write("supervisor: stopping all processes")
+            supervisor.stop_all()
+            self.stdout.write("supervisor: stopped")
+            lock.close()
+
+    def _print_status(self) -> None:
+        rows = ManagedProcess.objects.select_related("deployment")
+        if not rows:
+            self.stdout.write("no processes")
+        for row in rows:
+            self.stdout.write(
+                f"{row.deployment.name:20} {row.slot:12} {row.state:9} pid={row.pid or '-':<7} "
+                f"port={row.port} restarts={row.restarts} {row.last_error[:80]}"
+            )

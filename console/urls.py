@@ -1,0 +1,13 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from rest_framework.authtoken.views import obtain_auth_token
+
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("api/v1/auth/token/", obtain_auth_token, name="api-token"),
+    path("api/v1/", include("console.deployments.api.urls")),
+    path("", include("console.deployments.urls")),
+]

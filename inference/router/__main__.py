@@ -1,0 +1,3 @@
+from inference.router.server import main
+
+raise SystemExit(main())

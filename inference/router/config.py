@@ -1,0 +1,99 @@
+"""The router's settings: one dataclass is the single source of defaults, and the CLI reads
+its defaults from it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+
+from inference.kv_channels import CHANNEL_NAMES
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    served_model_name: str
+    tokenizer_path: str
+    max_model_len: int
+    prefill_urls: tuple[str, ...] = ()
+    decode_urls: tuple[str, ...] = ()
+    # colocated mode: plain load balancing over full workers, no PD hand-off
+    colocated_urls: tuple[str, ...] = ()
+    kv_channel: str = "shared-storage"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = field(default=None, repr=False)
+    request_timeout_s: float = 600.0
+    connect_timeout_s: float = 2.0
+    health_interval_s: float = 1.0
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    @property
+    def mode(self) -> str:
+        return "colocated" if self.colocated_urls else "pd"
+
+    def validate(self) -> None:
+        if self.colocated_urls and (self.prefill_urls or self.decode_urls):
+            raise ValueError("--colocated cannot be combined with --prefill/--decode")
+        if not self.colocated_urls and not (self.prefill_urls and self.decode_urls):
+            raise ValueError("--prefill and --decode each need at least one URL (or use --colocated)")
+        if self.kv_channel not in CHANNEL_NAMES:
+            raise ValueError(f"--kv-channel: unknown channel {self.kv_channel!r}")
+        if self.max_model_len <= 0:
+            raise ValueError(f"--max-model-len: must be positive, got {self.max_model_len}")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"--port: {self.port} is outside 1-65535")
+
+
+def _default(name: str) -> object:
+    return next(f.default for f in fields(RouterConfig) if f.name == name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m inference.router",
+        description="OpenAI-compatible router for prefill/decode disaggregated vLLM workers.",
+    )
+    parser.add_argument("--served-model-name", required=True, help="model name clients send")
+    parser.add_argument("--tokenizer", required=True, dest="tokenizer_path",
+                        help="model directory whose tokenizer checks prompt lengths")
+    parser.add_argument("--max-model-len", type=int, required=True)
+    parser.add_argument("--prefill", action="append", default=[], metavar="URL",
+                        help="prefill worker base URL (repeatable)")
+    parser.add_argument("--decode", action="append", default=[], metavar="URL",
+                        help="decode worker base URL (repeatable)")
+    parser.add_argument("--colocated", action="append", default=[], metavar="URL",
+                        help="full worker base URL for colocated mode (repeatable)")
+    parser.add_argument("--kv-channel", choices=list(CHANNEL_NAMES), default=_default("kv_channel"))
+    parser.add_argument("--host", default=_default("host"))
+    parser.add_argument("--port", type=int, default=_default("port"))
+    parser.add_argument("--request-timeout", type=float, dest="request_timeout_s",
+                        default=_default("request_timeout_s"))
+    parser.add_argument("--connect-timeout", type=float, dest="connect_timeout_s",
+                        default=_default("connect_timeout_s"))
+    parser.add_argument("--health-interval", type=float, dest="health_interval_s",
+                        default=_default("health_interval_s"))
+    parser.add_argument("--max-body-bytes", type=int, default=_default("max_body_bytes"))
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    config = RouterConfig(
+        served_model_name=args.served_model_name,
+        tokenizer_path=args.tokenizer_path,
+        max_model_len=args.max_model_len,
+        prefill_urls=tuple(u.rstrip("/") for u in args.prefill),
+        decode_urls=tuple(u.rstrip("/") for u in args.decode),
+        colocated_urls=tuple(u.rstrip("/") for u in args.colocated),
+        kv_channel=args.kv_channel,
+        host=args.host,
+        port=args.port,
+        # The key comes from the environment, never argv: argv is visible in `ps`.
+        api_key=os.environ.get("PDSERVE_API_KEY") or None,
+        request_timeout_s=args.request_timeout_s,
+        connect_timeout_s=args.connect_timeout_s,
+        health_interval_s=args.health_interval_s,
+        max_body_bytes=args.max_body_bytes,
+    )
+    config.validate()
+    return config

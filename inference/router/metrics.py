@@ -1,0 +1,59 @@
+"""The router's Prometheus metrics, registered on a registry owned by the app (no globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+@dataclass
+class RouterMetrics:
+    registry: CollectorRegistry
+    requests: Counter
+    prefill_seconds: Histogram
+    first_byte_seconds: Histogram
+    in_flight: Gauge
+    backend_up: Gauge
+    pd_fallback: Counter
+    backend_errors: Counter
+
+    @classmethod
+    def create(cls) -> RouterMetrics:
+        registry = CollectorRegistry()
+        return cls(
+            registry=registry,
+            requests=Counter(
+                "pdserve_router_requests", "Requests answered, by endpoint and HTTP status",
+                ["endpoint", "status"], registry=registry,
+            ),
+            prefill_seconds=Histogram(
+                "pdserve_router_prefill_seconds",
+                "Time from dispatch to the prefill worker until its answer (the KV hand-off point)",
+                buckets=LATENCY_BUCKETS, registry=registry,
+            ),
+            first_byte_seconds=Histogram(
+                "pdserve_router_first_byte_seconds",
+                "Time from request arrival to the first response byte sent to the client",
+                ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry,
+            ),
+            in_flight=Gauge(
+                "pdserve_router_in_flight", "Requests in flight per backend",
+                ["role", "backend"], registry=registry,
+            ),
+            backend_up=Gauge(
+                "pdserve_router_backend_up", "1 when the backend passes its health probe",
+                ["role", "backend"], registry=registry,
+            ),
+            pd_fallback=Counter(
+                "pdserve_router_pd_fallback",
+                "Requests decoded without prefilled KV, by reason",
+                ["reason"], registry=registry,
+            ),
+            backend_errors=Counter(
+                "pdserve_router_backend_errors", "Failed calls to a backend, by role and kind",
+                ["role", "kind"], registry=registry,
+            ),
+        )

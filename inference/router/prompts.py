@@ -1,0 +1,159 @@
+"""Request validation and prompt tokenization, done before any worker is touched.
+
+The router tokenizes with the deployment's own tokenizer files so that it can refuse
+over-long prompts with a 400, and so that it can confirm decode will see exactly the tokens
+prefill computed (decode re-renders chat requests itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class RequestError(Exception):
+    """A client error: HTTP status, message, and the offending field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": "invalid_request_error" if self.status < 500 else "server_error",
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    endpoint: str  # "chat" | "completions"
+    body: dict[str, Any]
+    stream: bool
+    prompt_token_ids: list[int]
+    max_tokens: int | None
+
+
+def _require_type(body: dict[str, Any], name: str, kinds: tuple[type, ...], label: str) -> None:
+    if name in body and body[name] is not None and (
+        not isinstance(body[name], kinds) or isinstance(body[name], bool) and bool not in kinds
+    ):
+        raise RequestError(400, f"'{name}' must be {label}", param=name)
+
+
+class PromptChecker:
+    def __init__(self, tokenizer_path: str, served_model_name: str, max_model_len: int):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.served_model_name = served_model_name
+        self.max_model_len = max_model_len
+
+    def parse(self, endpoint: str, body: Any) -> ParsedRequest:
+        if not isinstance(body, dict):
+            raise RequestError(400, "request body must be a JSON object")
+        model = body.get("model")
+        if model is None:
+            raise RequestError(400, "'model' is required", param="model")
+        if model != self.served_model_name:
+            raise RequestError(
+                404,
+                f"The model '{model}' does not exist; this endpoint serves "
+                f"'{self.served_model_name}'",
+                param="model",
+                code="model_not_found",
+            )
+        _require_type(body, "stream", (bool,), "a boolean")
+        _require_type(body, "max_tokens", (int,), "an integer")
+        _require_type(body, "max_completion_tokens", (int,), "an integer")
+        _require_type(body, "n", (int,), "an integer")
+        if body.get("n") not in (None, 1):
+            raise RequestError(400, "'n' other than 1 is not supported by the PD router", param="n")
+        if body.get("best_of") not in (None, 1):
+            raise RequestError(400, "'best_of' other than 1 is not supported", param="best_of")
+        if endpoint == "chat":
+            tokens = self._chat_tokens(body)
+            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        else:
+            tokens = self._completion_tokens(body)
+            max_tokens = body.get("max_tokens")
+        if max_tokens is not None and max_tokens < 1:
+            raise RequestError(400, "'max_tokens' must be at least 1", param="max_tokens")
+        self._check_length(len(tokens), max_tokens, "messages" if endpoint == "chat" else "prompt")
+        return ParsedRequest(
+            endpoint=endpoint,
+            body=body,
+            stream=bool(body.get("stream")),
+            prompt_token_ids=tokens,
+            max_tokens=max_tokens,
+        )
+
+    def _chat_tokens(self, body: dict[str, Any]) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(400, "'messages' must be a non-empty list", param="messages")
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise RequestError(400, f"'messages[{index}]' must be an object",
+                                   param=f"messages[{index}]")
+            if not isinstance(message.get("role"), str):
+                raise RequestError(400, f"'messages[{index}].role' must be a string",
+                                   param=f"messages[{index}].role")
+            content = message.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise RequestError(400, f"'messages[{index}].content' must be a string or a list",
+                                   param=f"messages[{index}].content")
+        try:
+            rendered = self.tokenizer.apply_chat_template(
+                messages,
+                add_generation_prompt=body.get("add_generation_prompt", True),
+                continue_final_message=body.get("continue_final_message", False),
+                tokenize=True,
+                return_dict=False,
+                **(body.get("chat_template_kwargs") or {}),
+            )
+        except Exception as exc:  # jinja raises many kinds; the client gets the reason
+            raise RequestError(400, f"cannot render 'messages' with the chat template: {exc}",
+                               param="messages") from exc
+        return list(rendered)
+
+    def _completion_tokens(self, body: dict[str, Any]) -> list[int]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            return list(prompt)
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            return list(self.tokenizer(prompt[0], add_special_tokens=True)["input_ids"])
+        raise RequestError(
+            400, "'prompt' must be a string or a list of token ids (one prompt per request)",
+            param="prompt",
+        )
+
+    def _check_length(self, prompt_tokens: int, max_tokens: int | None, prompt_param: str) -> None:
+        if prompt_tokens >= self.max_model_len:
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens; the "
+                f"prompt has {prompt_tokens} tokens",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        if max_tokens is not None and prompt_tokens + max_tokens > self.max_model_len:
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens; the "
+                f"prompt has {prompt_tokens} tokens and max_tokens asks for {max_tokens} more",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )

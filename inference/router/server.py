@@ -1,0 +1,378 @@
+"""The router process: aiohttp server, PD hand-off, streaming pass-through.
+
+    python -m inference.router --served-model-name smollm2 --tokenizer MODEL_DIR \
+        --max-model-len 2048 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from inference.kv_channels import uses_transfer_params
+from inference.router.backends import (
+    Backend,
+    NoBackendAvailable,
+    Pool,
+    close_sessions,
+    open_sessions,
+    probe_forever,
+)
+from inference.router.config import RouterConfig, build_parser, config_from_args
+from inference.router.metrics import RouterMetrics
+from inference.router.prompts import ParsedRequest, PromptChecker, RequestError
+
+log = logging.getLogger("pdserve.router")
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# What vLLM's NixlConnector expects on the prefill request to keep the KV for a remote decode.
+NIXL_PREFILL_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+class BackendFailure(Exception):
+    def __init__(self, role: str, backend: Backend, detail: str):
+        super().__init__(f"{role} worker {backend.url} failed: {detail}")
+        self.role = role
+
+
+def error_response(status: int, message: str, request_id: str, param: str | None = None,
+                   code: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
+    error = RequestError(status, message, param=param, code=code)
+    return web.json_response(error.body(), status=status,
+                             headers={"X-Request-Id": request_id, **(headers or {})})
+
+
+class Router:
+    def __init__(self, config: RouterConfig, checker: PromptChecker):
+        self.config = config
+        self.checker = checker
+        self.metrics = RouterMetrics.create()
+        self.channel_uses_params = uses_transfer_params(config.kv_channel)
+        if config.mode == "colocated":
+            self.pools = {"colocated": Pool("colocated", config.colocated_urls)}
+        else:
+            self.pools = {
+                "prefill": Pool("prefill", config.prefill_urls),
+                "decode": Pool("decode", config.decode_urls),
+            }
+        self._probe_task: asyncio.Task[None] | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def start(self, _app: web.Application) -> None:
+        await open_sessions(list(self.pools.values()), self.config.connect_timeout_s)
+        self._probe_task = asyncio.create_task(
+            probe_forever(list(self.pools.values()), self.config.health_interval_s)
+        )
+
+    async def stop(self, _app: web.Application) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+        await close_sessions(list(self.pools.values()))
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.on_startup.append(self.start)
+        app.on_cleanup.append(self.stop)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        return app
+
+    # ---- plain endpoints -------------------------------------------------------------
+    async def health(self, _request: web.Request) -> web.Response:
+        roles = {
+            role: {
+                "ready": len(pool.ready()),
+                "total": len(pool.backends),
+                "backends": [
+                    {"url": b.url, "ready": b.healthy, "in_flight": b.in_flight,
+                     "error": b.last_error}
+                    for b in pool.backends
+                ],
+            }
+            for role, pool in self.pools.items()
+        }
+        healthy = all(info["ready"] > 0 for info in roles.values())
+        return web.json_response(
+            {"status": "ok" if healthy else "unavailable", "mode": self.config.mode, "roles": roles},
+            status=200 if healthy else 503,
+        )
+
+    async def prometheus(self, _request: web.Request) -> web.Response:
+        for role, pool in self.pools.items():
+            for backend in pool.backends:
+                self.metrics.backend_up.labels(role, backend.url).set(1 if backend.healthy else 0)
+                self.metrics.in_flight.labels(role, backend.url).set(backend.in_flight)
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def models(self, request: web.Request) -> web.Response:
+        if (denied := self._check_auth(request, "")) is not None:
+            return denied
+        return web.json_response({
+            "object": "list",
+            "data": [{
+                "id": self.config.served_model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "pdserve",
+                "max_model_len": self.config.max_model_len,
+            }],
+        })
+
+    def _check_auth(self, request: web.Request, request_id: str) -> web.Response | None:
+        if self.config.api_key is None:
+            return None
+        supplied = request.headers.get("Authorization", "")
+        expected = f"Bearer {self.config.api_key}"
+        if hmac.compare_digest(supplied.encode(), expected.encode()):
+            return None
+        return error_response(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                              request_id, code="invalid_api_key",
+                              headers={"WWW-Authenticate": "Bearer"})
+
+    # ---- inference -------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "completions")
+
+    async def _serve(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        arrived = time.perf_counter()
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        response = await self._serve_inner(request, endpoint, request_id, arrived)
+        self.metrics.requests.labels(endpoint, str(response.status)).inc()
+        return response
+
+    async def _serve_inner(self, request: web.Request, endpoint: str, request_id: str,
+                           arrived: float) -> web.StreamResponse:
+        if (denied := self._check_auth(request, request_id)) is not None:
+            return denied
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes",
+                                  request_id)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error_response(400, f"malformed JSON body: {exc}", request_id)
+        try:
+            parsed = self.checker.parse(endpoint, body)
+        except RequestError as exc:
+            return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+
+        try:
+            if self.config.mode == "colocated":
+                return await self._forward(request, "colocated", parsed, parsed.body, request_id,
+                                           arrived)
+            if not self.pools["decode"].ready():
+                # Fail before prefilling: a prefill for a decode that never comes pins KV blocks
+                # on the prefill worker until they time out. (ready(), not pick(): pick() would
+                # advance the round robin and skew the later real pick.)
+                raise NoBackendAvailable("decode", self.pools["decode"].backends)
+            decode_body = await self._prefill(parsed, request_id)
+            return await self._forward(request, "decode", parsed, decode_body, request_id, arrived)
+        except NoBackendAvailable as exc:
+            return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
+        except BackendFailure as exc:
+            return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
+        except _UpstreamError as exc:
+            return exc.response
+
+    async def _prefill(self, parsed: ParsedRequest, request_id: str) -> dict[str, Any]:
+        """Run the prompt on a prefill worker; return the body to send to decode."""
+        body = dict(parsed.body)
+        for key in ("stream_options", "min_tokens", "n", "best_of"):
+            body.pop(key, None)
+        body.update(stream=False, max_tokens=1, return_token_ids=True)
+        if parsed.endpoint == "chat":
+            body["max_completion_tokens"] = 1
+        if self.channel_uses_params:
+            body["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
+
+        pool = self.pools["prefill"]
+        backend = pool.pick()
+        started = time.perf_counter()
+        data = await self._call_json(backend, PATHS[parsed.endpoint], body, request_id)
+        self.metrics.prefill_seconds.observe(time.perf_counter() - started)
+
+        prefill_ids = _prompt_token_ids(parsed.endpoint, data)
+        decode_body = dict(parsed.body)
+        kv_params = data.get("kv_transfer_params")
+        if prefill_ids is None:
+            self.metrics.pd_fallback.labels("no_prompt_token_ids").inc()
+            return decode_body
+        if parsed.endpoint == "completions":
+            # Token ids in, so decode's prompt is exactly what prefill computed.
+            decode_body["prompt"] = prefill_ids
+        elif prefill_ids != parsed.prompt_token_ids:
+            # Decode renders chat itself; if that would differ from what prefill computed, a
+            # KV hand-off would crash decode (longer) or return wrong text (shorter). Decode
+            # computes the prompt itself instead, which is slower but correct.
+            self.metrics.pd_fallback.labels("token_mismatch").inc()
+            log.warning("request %s: prefill tokens differ from the router's; decode recomputes",
+                        request_id)
+            return decode_body
+        if self.channel_uses_params:
+            if not kv_params:
+                self.metrics.pd_fallback.labels("no_kv_params").inc()
+                return decode_body
+            decode_body["kv_transfer_params"] = kv_params
+        return decode_body
+
+    async def _call_json(self, backend: Backend, path: str, body: dict[str, Any],
+                         request_id: str) -> dict[str, Any]:
+        backend.in_flight += 1
+        try:
+            async with backend.client().post(
+                path, json=body, headers={"X-Request-Id": request_id},
+                timeout=self._timeout(),
+            ) as upstream:
+                payload = await upstream.read()
+                if upstream.status != 200:
+                    raise _UpstreamError(_relay(upstream.status, payload, upstream, request_id))
+                return json.loads(payload)
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
+            self._backend_failed(backend, exc)
+            raise BackendFailure(backend.role, backend, _describe(exc)) from exc
+        finally:
+            backend.in_flight -= 1
+
+    async def _forward(self, request: web.Request, role: str, parsed: ParsedRequest,
+                       body: dict[str, Any], request_id: str,
+                       arrived: float) -> web.StreamResponse:
+        backend = self.pools[role].pick()
+        backend.in_flight += 1
+        try:
+            async with backend.client().post(
+                PATHS[parsed.endpoint], json=body, headers={"X-Request-Id": request_id},
+                timeout=self._timeout(),
+            ) as upstream:
+                if upstream.status != 200 or not parsed.stream:
+                    payload = await upstream.read()
+                    self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
+                        time.perf_counter() - arrived)
+                    return _relay(upstream.status, payload, upstream, request_id)
+                response = web.StreamResponse(status=200, headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    "X-Request-Id": request_id,
+                })
+                await response.prepare(request)
+                first = True
+                try:
+                    # hot path: runs once per streamed chunk
+                    async for chunk in upstream.content.iter_any():
+                        await response.write(chunk)
+                        if first:
+                            first = False
+                            self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
+                                time.perf_counter() - arrived)
+                except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+                    if isinstance(exc, aiohttp.ClientConnectionError) and request.transport is None:
+                        raise  # the client left; nothing to tell it
+                    self._backend_failed(backend, exc)
+                    await response.write(_sse_error(role, backend, exc))
+                await response.write_eof()
+                return response
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            self._backend_failed(backend, exc)
+            raise BackendFailure(role, backend, _describe(exc)) from exc
+        finally:
+            backend.in_flight -= 1
+
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.config.request_timeout_s,
+                                     sock_connect=self.config.connect_timeout_s)
+
+    def _backend_failed(self, backend: Backend, exc: BaseException) -> None:
+        self.metrics.backend_errors.labels(backend.role, type(exc).__name__).inc()
+        if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
+                            aiohttp.ClientPayloadError)):
+            # Passive health: stop sending to it now; the probe puts it back when it answers.
+            backend.mark(False, _describe(exc))
+
+
+class _UpstreamError(Exception):
+    """A backend answered with an error status; relay it to the client unchanged."""
+
+    def __init__(self, response: web.Response):
+        super().__init__(response.status)
+        self.response = response
+
+
+def _relay(status: int, payload: bytes, upstream: aiohttp.ClientResponse,
+           request_id: str) -> web.Response:
+    return web.Response(
+        body=payload, status=status,
+        headers={"Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                 "X-Request-Id": request_id},
+    )
+
+
+def _prompt_token_ids(endpoint: str, data: dict[str, Any]) -> list[int] | None:
+    if endpoint == "chat":
+        ids = data.get("prompt_token_ids")
+    else:
+        choices = data.get("choices") or [{}]
+        ids = choices[0].get("prompt_token_ids")
+    return list(ids) if isinstance(ids, list) else None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _sse_error(role: str, backend: Backend, exc: BaseException) -> bytes:
+    error = {
+        "error": {
+            "message": f"{role} worker {backend.url} failed mid-stream: {_describe(exc)}",
+            "type": "server_error",
+            "param": None,
+            "code": f"{role}_failed",
+        }
+    }
+    return f"data: {json.dumps(error)}\n\n".encode()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    checker = PromptChecker(config.tokenizer_path, config.served_model_name, config.max_model_len)
+    router = Router(config, checker)
+    log.info("router on http://%s:%d mode=%s channel=%s", config.host, config.port, config.mode,
+             config.kv_channel)
+    web.run_app(router.app(), host=config.host, port=config.port, access_log=None,
+                handler_cancellation=True, print=None)
+    return 0

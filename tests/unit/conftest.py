@@ -1,0 +1,308 @@
+"""Fixtures for the router's unit tests: a tiny local tokenizer, stub backends, a router factory.
+
+Everything here runs in-process on loopback and downloads nothing. The stubs emulate the parts
+of vLLM's OpenAI-compatible server that the router depends on (``/health``, the two inference
+endpoints, ``return_token_ids`` and NixlConnector's ``kv_transfer_params``) and record every
+inference request so tests can assert exactly what the router sent, or that it sent nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference.router.config import RouterConfig
+from inference.router.prompts import PromptChecker
+from inference.router.server import Router
+
+MODEL = "tiny-test-model"
+# Short enough that readiness is reached in well under a second, long enough not to spin.
+HEALTH_INTERVAL_S = 0.1
+
+# ChatML-like, with spaces as separators because the test tokenizer splits on whitespace.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+CORPUS = [
+    "hello world the quick brown fox jumps over the lazy dog",
+    "system user assistant you are a helpful model",
+    "tell me a story about prefill and decode workers",
+]
+
+# What vLLM's NixlConnector puts on a prefill response when asked to keep KV for remote decode.
+STUB_NIXL_RESPONSE_PARAMS: dict[str, Any] = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_block_ids": [3, 4, 5],
+    "remote_engine_id": "stub-prefill-engine",
+    "remote_host": "127.0.0.1",
+    "remote_port": 5600,
+    "tp_size": 1,
+}
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A word-level tokenizer trained on a few sentences, saved like a model directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"])
+    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    path = tmp_path_factory.mktemp("tokenizer")
+    fast.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def make_checker(tokenizer_dir: Path) -> Callable[..., PromptChecker]:
+    cache: dict[int, PromptChecker] = {}
+
+    def make(max_model_len: int = 64) -> PromptChecker:
+        if max_model_len not in cache:
+            cache[max_model_len] = PromptChecker(str(tokenizer_dir), MODEL, max_model_len)
+        return cache[max_model_len]
+
+    return make
+
+
+@dataclass
+class RecordedRequest:
+    path: str
+    body: dict[str, Any]
+    headers: Mapping[str, str]
+
+
+@dataclass
+class StubVLLM:
+    """A stub emulating vLLM's OpenAI server closely enough for the router's hand-off logic.
+
+    Knobs are plain attributes so each test states the one behaviour it needs.
+    """
+
+    name: str
+    tokenizer: Any
+    requests: list[RecordedRequest] = field(default_factory=list)
+    # Respond to every inference request with this (status, JSON body), like vLLM's 400s.
+    fail_with: tuple[int, dict[str, Any]] | None = None
+    # Report these prompt token ids instead of the stub's own tokenization.
+    prompt_token_ids_override: list[int] | None = None
+    # Emulate a worker that ignores return_token_ids / runs without NixlConnector.
+    omit_prompt_token_ids: bool = False
+    omit_kv_transfer_params: bool = False
+    stream_chunks: int = 4
+    # Close the connection after this many SSE chunks, without the chunked terminator.
+    die_after_chunks: int | None = None
+    # For a non-streamed answer: promise a longer body than is sent, then close.
+    truncate_json_body: bool = False
+    # When set, streaming pauses after the first chunk until the test releases it.
+    stream_gate: asyncio.Event | None = None
+    server: TestServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return str(self.server.make_url("")).rstrip("/")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/chat/completions", self._inference)
+        app.router.add_post("/v1/completions", self._inference)
+        return app
+
+    async def start(self) -> None:
+        self.server = TestServer(self.app())
+        await self.server.start_server()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.close()
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    def _prompt_ids(self, endpoint: str, body: dict[str, Any]) -> list[int]:
+        if self.prompt_token_ids_override is not None:
+            return list(self.prompt_token_ids_override)
+        if endpoint == "chat":
+            return list(self.tokenizer.apply_chat_template(
+                body["messages"], add_generation_prompt=True, tokenize=True, return_dict=False))
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        text = prompt[0] if isinstance(prompt, list) else prompt
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def sse_chunks(self, endpoint: str) -> list[bytes]:
+        """The exact bytes this stub streams, so tests can compare byte for byte."""
+        chunks = []
+        for i in range(self.stream_chunks):
+            if endpoint == "chat":
+                choice: dict[str, Any] = {"index": 0, "delta": {"content": f"{self.name}-{i} "}}
+            else:
+                choice = {"index": 0, "text": f"{self.name}-{i} "}
+            event = {"id": f"{self.name}-stream", "object": "chunk", "choices": [choice]}
+            chunks.append(f"data: {json.dumps(event)}\n\n".encode())
+        chunks.append(b"data: [DONE]\n\n")
+        return chunks
+
+    async def _inference(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        # Keep the case-insensitive mapping: HTTP header names have no canonical case.
+        self.requests.append(RecordedRequest(request.path, body, request.headers.copy()))
+        if self.fail_with is not None:
+            status, error = self.fail_with
+            return web.json_response(error, status=status)
+        endpoint = "chat" if request.path.endswith("/chat/completions") else "completions"
+        if body.get("stream"):
+            return await self._stream(request, endpoint)
+        prompt_ids = self._prompt_ids(endpoint, body)
+        if endpoint == "chat":
+            answer: dict[str, Any] = {
+                "id": f"{self.name}-chat", "object": "chat.completion", "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.name},
+                             "finish_reason": "length"}],
+            }
+            if body.get("return_token_ids") and not self.omit_prompt_token_ids:
+                answer["prompt_token_ids"] = prompt_ids
+        else:
+            choice: dict[str, Any] = {"index": 0, "text": self.name, "finish_reason": "length"}
+            if body.get("return_token_ids") and not self.omit_prompt_token_ids:
+                choice["prompt_token_ids"] = prompt_ids
+            answer = {"id": f"{self.name}-cmpl", "object": "text_completion",
+                      "model": body["model"], "choices": [choice]}
+        wants_kv = (body.get("kv_transfer_params") or {}).get("do_remote_decode")
+        if wants_kv and not self.omit_kv_transfer_params:
+            answer["kv_transfer_params"] = dict(STUB_NIXL_RESPONSE_PARAMS)
+        if self.truncate_json_body:
+            payload = json.dumps(answer).encode()
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            response.content_length = len(payload) + 100
+            await response.prepare(request)
+            await response.write(payload[: len(payload) // 2])
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        return web.json_response(answer)
+
+    async def _stream(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i, chunk in enumerate(self.sse_chunks(endpoint)):
+            if self.die_after_chunks is not None and i == self.die_after_chunks:
+                # close() flushes what was written, then drops the connection; aiohttp then
+                # cannot send the final zero-length chunk, exactly like a crashed worker.
+                assert request.transport is not None
+                request.transport.close()
+                return response
+            await response.write(chunk)
+            if i == 0 and self.stream_gate is not None:
+                await self.stream_gate.wait()
+        await response.write_eof()
+        return response
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def make_stub(make_checker: Callable[..., PromptChecker]) -> AsyncIterator[
+        Callable[[str], Awaitable[StubVLLM]]]:
+    stubs: list[StubVLLM] = []
+
+    async def make(name: str) -> StubVLLM:
+        stub = StubVLLM(name=name, tokenizer=make_checker().tokenizer)
+        await stub.start()
+        stubs.append(stub)
+        return stub
+
+    yield make
+    for stub in stubs:
+        await stub.close()
+
+
+@pytest.fixture
+def dead_url() -> Iterator[str]:
+    """A loopback URL on which nothing listens: connecting is refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+
+
+@dataclass
+class RunningRouter:
+    router: Router
+    client: TestClient
+
+    async def metric(self, name: str, labels: dict[str, str]) -> float:
+        """Read a sample from the router's /metrics page, the way Prometheus would see it."""
+        response = await self.client.get("/metrics")
+        assert response.status == 200
+        text = await response.text()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return sample.value
+        return 0.0
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached within {timeout_s}s")
+        await asyncio.sleep(0.01)
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def start_router(make_checker: Callable[..., PromptChecker]) -> AsyncIterator[
+        Callable[..., Awaitable[RunningRouter]]]:
+    running: list[TestClient] = []
+
+    async def start(*, prefill: tuple[str, ...] = (), decode: tuple[str, ...] = (),
+                    colocated: tuple[str, ...] = (), wait_ready: bool = True,
+                    max_model_len: int = 64, **overrides: Any) -> RunningRouter:
+        settings: dict[str, Any] = {
+            "served_model_name": MODEL,
+            "tokenizer_path": "unused: the checker is built once per session",
+            "max_model_len": max_model_len,
+            "prefill_urls": prefill,
+            "decode_urls": decode,
+            "colocated_urls": colocated,
+            "health_interval_s": HEALTH_INTERVAL_S,
+            "connect_timeout_s": 1.0,
+            "request_timeout_s": 10.0,
+        }
+        settings.update(overrides)
+        config = RouterConfig(**settings)
+        config.validate()
+        router = Router(config, make_checker(max_model_len))
+        client = TestClient(TestServer(router.app()))
+        await client.start_server()
+        running.append(client)
+        if wait_ready:
+            await wait_until(lambda: all(pool.ready() for pool in router.pools.values()))
+        return RunningRouter(router, client)
+
+    yield start
+    for client in running:
+        await client.close()
