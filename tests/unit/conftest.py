@@ -274,7 +274,7 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> N
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def start_router(make_checker: Callable[..., PromptChecker]) -> AsyncIterator[
+async def start_router(make_checker: Callable[..., PromptChecker], tokenizer_dir: Path) -> AsyncIterator[
         Callable[..., Awaitable[RunningRouter]]]:
     running: list[TestClient] = []
 
@@ -283,7 +283,7 @@ async def start_router(make_checker: Callable[..., PromptChecker]) -> AsyncItera
                     max_model_len: int = 64, **overrides: Any) -> RunningRouter:
         settings: dict[str, Any] = {
             "served_model_name": MODEL,
-            "tokenizer_path": "unused: the checker is built once per session",
+            "tokenizer_path": str(tokenizer_dir),
             "max_model_len": max_model_len,
             "prefill_urls": prefill,
             "decode_urls": decode,

@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from console.deployments.defaults import DEFAULT_DEPLOYMENT
 from console.deployments.models import Deployment
+from console.supervisor.models import ManagedProcess
 
 
 class Command(BaseCommand):
@@ -55,11 +56,13 @@ class Command(BaseCommand):
         self.stdout.write(f"pdserve: console on http://{host}:{port}/ ; starting workers "
                           "(a vLLM worker takes 1-2 minutes on a CPU)...")
         announced = options["no_start"]
+        seen: dict[str, str] = {}
         try:
             while not self.stopping:
                 if any(child.poll() is not None for child in children):
                     self.stderr.write("pdserve: the console or the supervisor exited; stopping")
                     break
+                self._report_progress(deployment, seen, time.monotonic() - started)
                 if not announced and _router_ready(deployment.router_url):
                     announced = True
                     self._announce(deployment, host, port, time.monotonic() - started)
@@ -74,6 +77,16 @@ class Command(BaseCommand):
                 except subprocess.TimeoutExpired:
                     child.kill()
             self.stdout.write("pdserve: stopped")
+
+    def _report_progress(self, deployment: Deployment, seen: dict[str, str], elapsed: float) -> None:
+        """Print each process's state when it changes, so a long start shows where it is."""
+        for process in ManagedProcess.objects.filter(deployment=deployment):
+            if seen.get(process.slot) != process.state:
+                seen[process.slot] = process.state
+                detail = f" ({process.last_error})" if process.last_error else ""
+                self.stdout.write(f"pdserve: [{elapsed:5.0f} s] {process.slot}: {process.state}"
+                                  f"{detail}")
+                self.stdout.flush()
 
     def _announce(self, deployment: Deployment, host: str, port: int, elapsed: float) -> None:
         auth = ' -H "Authorization: Bearer $PDSERVE_API_KEY"' if settings.PDSERVE_API_KEY else ""

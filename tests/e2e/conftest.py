@@ -1,0 +1,146 @@
+"""One real stack per test session: the console, the supervisor, the default deployment's two
+vLLM workers and the router, plus one plain vLLM server as the reference for output equality.
+
+Each vLLM server takes 1-2 minutes to start on this CPU, so they start once and in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inference.launch import WorkerSpec, build_command
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_DIR = Path(os.environ.get(
+    "PDSERVE_TEST_MODEL_DIR", REPO / "data" / "models" / "smollm2-135m-instruct"
+))
+ADMIN_PASSWORD = "e2e-admin-password"
+REFERENCE_PORT = 8300
+START_TIMEOUT_S = 420
+
+
+@dataclass
+class Stack:
+    console: str
+    token: str
+    deployment_id: int
+    router: str
+    reference: str
+    data_dir: Path
+    reference_pid: int
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.console, timeout=30,
+                            headers={"Authorization": f"Token {self.token}"})
+
+    def deployment(self) -> dict:
+        with self.api() as client:
+            response = client.get(f"/api/v1/deployments/{self.deployment_id}/")
+            response.raise_for_status()
+            return response.json()
+
+    def wait_for_state(self, wanted: str, timeout_s: float = START_TIMEOUT_S) -> dict:
+        deadline = time.monotonic() + timeout_s
+        body: dict = {}
+        while time.monotonic() < deadline:
+            body = self.deployment()
+            if body["state"] == wanted:
+                return body
+            time.sleep(1)
+        raise AssertionError(f"deployment not {wanted} after {timeout_s} s: {body}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_http(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer within {timeout_s} s")
+
+
+def _manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env, check=True)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    if not (MODEL_DIR / "config.json").is_file():
+        subprocess.run([sys.executable, "-m", "inference.prepare_model", "--out", str(MODEL_DIR)],
+                       cwd=REPO, check=True)
+    return MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
+    data_dir = tmp_path_factory.mktemp("pdserve-data")
+    console_port = _free_port()
+    env = {
+        **os.environ,
+        "PDSERVE_DATA_DIR": str(data_dir),
+        "PDSERVE_KV_DIR": str(data_dir / "kv"),
+        "PDSERVE_ADMIN_USER": "admin",
+        "PDSERVE_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        "PDSERVE_CONSOLE_PORT": str(console_port),
+    }
+    env.pop("DATABASE_URL", None)
+    _manage(env, "migrate", "--noinput", "-v", "0")
+    _manage(env, "bootstrap", "--model-dir", str(model_dir))
+
+    # The reference: one plain vLLM server with the same model, dtype and sampling defaults.
+    reference_argv, reference_env = build_command(WorkerSpec(
+        role="colocated", model_path=str(model_dir), served_model_name="smollm2",
+        port=REFERENCE_PORT, max_model_len=2048, dtype="float32", cpu_cores=(1,),
+        sampling_defaults={"temperature": 0.0}, data_dir=str(data_dir),
+    ))
+    reference_log = open(data_dir / "reference.log", "wb")  # noqa: SIM115
+    reference = subprocess.Popen(reference_argv, env={**os.environ, **reference_env},
+                                 stdout=reference_log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    console = subprocess.Popen([sys.executable, "manage.py", "up", "--no-start"], cwd=REPO,
+                               env=env)
+    try:
+        console_url = f"http://127.0.0.1:{console_port}"
+        _wait_http(f"{console_url}/login/", 60)
+        token = httpx.post(f"{console_url}/api/v1/auth/token/",
+                           data={"username": "admin", "password": ADMIN_PASSWORD}).json()["token"]
+        deployments = httpx.get(f"{console_url}/api/v1/deployments/",
+                                headers={"Authorization": f"Token {token}"}).json()["results"]
+        default = next(d for d in deployments if d["name"] == "smollm2-1p1d")
+        stack = Stack(console=console_url, token=token, deployment_id=default["id"],
+                      router=default["router_url"], reference=f"http://127.0.0.1:{REFERENCE_PORT}",
+                      data_dir=data_dir, reference_pid=reference.pid)
+        with stack.api() as client:
+            client.post(f"/api/v1/deployments/{stack.deployment_id}/start").raise_for_status()
+        stack.wait_for_state("ready")
+        _wait_http(f"{stack.reference}/health", START_TIMEOUT_S)
+        yield stack
+    finally:
+        console.send_signal(signal.SIGTERM)
+        try:
+            console.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            console.kill()
+        os.killpg(reference.pid, signal.SIGKILL)
+        reference.wait()
+        reference_log.close()

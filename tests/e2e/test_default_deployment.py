@@ -1,0 +1,187 @@
+"""The default deployment end to end: real vLLM prefill and decode workers on the CPU, the
+router, the console's API and the supervisor. Tests run in file order; the last ones break
+and stop the deployment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+from openai import OpenAI
+
+from tests.e2e.conftest import Stack
+
+pytestmark = pytest.mark.vllm
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# Long enough (> one 128-token KV block on the CPU backend) that prefill's KV really moves.
+LONG_PROMPT = (
+    "The following is a record of the river towns along the old trade route. "
+    + " ".join(
+        f"Town number {i} sits on the {('north', 'south', 'east', 'west')[i % 4]} bank, trades "
+        f"in {('salt', 'wool', 'iron', 'grain', 'wine')[i % 5]}, and has {i * 37 % 900 + 100} people."
+        for i in range(1, 41)
+    )
+    + " Summarize which goods the towns trade most:"
+)
+
+
+def _client(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=f"{stack.router}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _metric(stack: Stack, name: str) -> float:
+    text = httpx.get(f"{stack.router}/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_api_shows_every_process_ready(stack: Stack) -> None:
+    body = stack.deployment()
+    assert body["state"] == "ready"
+    processes = {p["slot"]: p for p in body["processes"]}
+    assert set(processes) == {"prefill-0", "decode-0", "router"}
+    for process in processes.values():
+        assert process["state"] == "ready"
+        assert psutil.pid_exists(process["pid"])
+    assert processes["prefill-0"]["port"] == 8100
+    assert processes["decode-0"]["port"] == 8200
+
+
+def test_router_health_reports_both_roles(stack: Stack) -> None:
+    body = httpx.get(f"{stack.router}/health").json()
+    assert body["status"] == "ok"
+    assert body["roles"]["prefill"]["ready"] == 1
+    assert body["roles"]["decode"]["ready"] == 1
+
+
+def test_chat_answers_paris(stack: Stack) -> None:
+    answer = _client(stack).chat.completions.create(model="smollm2", messages=QUESTION,
+                                                    max_tokens=24)
+    assert "Paris" in answer.choices[0].message.content
+
+
+def test_chat_streamed_answers_paris_and_keeps_request_id(stack: Stack) -> None:
+    with httpx.stream("POST", f"{stack.router}/v1/chat/completions", timeout=120,
+                      headers={"X-Request-Id": "e2e-stream-1"},
+                      json={"model": "smollm2", "messages": QUESTION, "max_tokens": 24,
+                            "stream": True}) as response:
+        assert response.status_code == 200
+        assert response.headers["X-Request-Id"] == "e2e-stream-1"
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert len(events) > 3  # streamed token by token, not one block
+    client_stream = _client(stack).chat.completions.create(
+        model="smollm2", messages=QUESTION, max_tokens=24, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in client_stream if chunk.choices)
+    assert "Paris" in text
+
+
+def test_completions_streamed_and_not(stack: Stack) -> None:
+    client = _client(stack)
+    plain = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                      max_tokens=4)
+    assert "Paris" in plain.choices[0].text
+    streamed = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                         max_tokens=4, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed) == plain.choices[0].text
+
+
+def test_pd_output_equals_prefix_cached_single_server(stack: Stack) -> None:
+    """Greedy PD output equals a single server's, token for token.
+
+    Through PD, decode receives the prompt's KV (all whole blocks but the last token) and
+    computes only the rest: exactly what a single server does on a prefix-cache hit. A cold
+    single server instead computes the whole prompt in one pass, and that different batch
+    shape changes bf16/fp32 accumulation order enough to flip near-tied tokens. So the
+    reference sees the prompt once to warm its prefix cache, then answers for comparison.
+    """
+    body = {"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 32,
+            "return_token_ids": True, "temperature": 0}
+    fallbacks_before = _metric(stack, "pdserve_router_pd_fallback_total")
+    pd = httpx.post(f"{stack.router}/v1/completions", json=body, timeout=120).json()
+    httpx.post(f"{stack.reference}/v1/completions", json=body, timeout=120).raise_for_status()
+    single = httpx.post(f"{stack.reference}/v1/completions", json=body, timeout=120).json()
+    assert pd["usage"]["prompt_tokens"] > 256
+    assert pd["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
+    assert pd["choices"][0]["text"] == single["choices"][0]["text"]
+    assert _metric(stack, "pdserve_router_pd_fallback_total") == fallbacks_before
+    # The KV really came from prefill: decode found it in shared storage.
+    decode_log = (stack.data_dir / "logs" / "smollm2-1p1d" / "decode-0.log").read_text()
+    assert "External Cache Hit!" in decode_log
+
+
+def test_chat_pd_equals_prefix_cached_single_server(stack: Stack) -> None:
+    messages = [{"role": "user", "content": LONG_PROMPT}]
+    body = {"model": "smollm2", "messages": messages, "max_tokens": 24, "temperature": 0}
+    fallbacks_before = _metric(stack, "pdserve_router_pd_fallback_total")
+    pd = httpx.post(f"{stack.router}/v1/chat/completions", json=body, timeout=120).json()
+    httpx.post(f"{stack.reference}/v1/chat/completions", json=body, timeout=120)
+    single = httpx.post(f"{stack.reference}/v1/chat/completions", json=body, timeout=120).json()
+    assert pd["choices"][0]["message"]["content"] == single["choices"][0]["message"]["content"]
+    # The router's own chat rendering matched prefill's tokens, so decode got the KV.
+    assert _metric(stack, "pdserve_router_pd_fallback_total") == fallbacks_before
+
+
+def test_prompt_over_the_limit_is_refused_before_any_worker(stack: Stack) -> None:
+    prefill_before = _metric(stack, "pdserve_router_prefill_seconds_count")
+    response = httpx.post(f"{stack.router}/v1/completions", timeout=30,
+                          json={"model": "smollm2", "prompt": "word " * 3000, "max_tokens": 4})
+    assert response.status_code == 400
+    assert "2048" in response.json()["error"]["message"]
+    assert _metric(stack, "pdserve_router_prefill_seconds_count") == prefill_before
+
+
+def test_unknown_model_is_404(stack: Stack) -> None:
+    response = httpx.post(f"{stack.router}/v1/chat/completions", timeout=30,
+                          json={"model": "nope", "messages": QUESTION})
+    assert response.status_code == 404
+    assert "nope" in response.json()["error"]["message"]
+
+
+def test_killed_decode_gives_503_then_supervisor_restarts_it(stack: Stack) -> None:
+    decode = next(p for p in stack.deployment()["processes"] if p["slot"] == "decode-0")
+    os.killpg(decode["pid"], signal.SIGKILL)
+    started = time.monotonic()
+    response = httpx.post(f"{stack.router}/v1/chat/completions", timeout=30,
+                          json={"model": "smollm2", "messages": QUESTION, "max_tokens": 4})
+    assert response.status_code == 503
+    assert "decode" in response.json()["error"]["message"]
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 420
+    restarted: dict = {}
+    while time.monotonic() < deadline:
+        body = stack.deployment()
+        restarted = next(p for p in body["processes"] if p["slot"] == "decode-0")
+        if restarted["pid"] not in (None, decode["pid"]) and body["state"] == "ready":
+            break
+        time.sleep(1)
+    assert body["state"] == "ready", body
+    assert restarted["restarts"] == 1
+    answer = _client(stack).chat.completions.create(model="smollm2", messages=QUESTION,
+                                                    max_tokens=24)
+    assert "Paris" in answer.choices[0].message.content
+
+
+def test_stop_leaves_no_vllm_process(stack: Stack) -> None:
+    pids = {p["pid"] for p in stack.deployment()["processes"]}
+    with stack.api() as client:
+        assert client.post(f"/api/v1/deployments/{stack.deployment_id}/stop").status_code == 202
+    body = stack.wait_for_state("stopped", timeout_s=60)
+    assert all(p["state"] == "stopped" for p in body["processes"])
+    reference = psutil.Process(stack.reference_pid)
+    reference_family = {reference.pid, *(c.pid for c in reference.children(recursive=True))}
+    leftovers = [
+        proc.info for proc in psutil.process_iter(["pid", "cmdline"])
+        if proc.info["pid"] not in reference_family
+        and any("vllm" in part or "inference.router" in part for part in proc.info["cmdline"] or [])
+    ]
+    assert leftovers == []
+    assert not any(psutil.pid_exists(pid) for pid in pids)
