@@ -19,6 +19,7 @@ class RouterMetrics:
     backend_up: Gauge
     pd_fallback: Counter
     backend_errors: Counter
+    client_disconnects: Counter
 
     @classmethod
     def create(cls) -> RouterMetrics:
@@ -55,5 +56,10 @@ class RouterMetrics:
             backend_errors=Counter(
                 "pdserve_router_backend_errors", "Failed calls to a backend, by role and kind",
                 ["role", "kind"], registry=registry,
+            ),
+            client_disconnects=Counter(
+                "pdserve_router_client_disconnects",
+                "Streams the client closed before the end; the worker request is aborted",
+                ["endpoint"], registry=registry,
             ),
         )

@@ -128,7 +128,8 @@ class Router:
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
-        if (denied := self._check_auth(request, "")) is not None:
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        if (denied := self._check_auth(request, request_id)) is not None:
             return denied
         return web.json_response({
             "object": "list",
@@ -146,7 +147,7 @@ class Router:
             return None
         supplied = request.headers.get("Authorization", "")
         expected = f"Bearer {self.config.api_key}"
-        if hmac.compare_digest(supplied.encode(), expected.encode()):
+        if hmac.compare_digest(supplied.encode("utf-8", "surrogateescape"), expected.encode()):
             return None
         return error_response(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
                               request_id, code="invalid_api_key",
@@ -254,7 +255,15 @@ class Router:
                 payload = await upstream.read()
                 if upstream.status != 200:
                     raise _UpstreamError(_relay(upstream.status, payload, upstream, request_id))
-                return json.loads(payload)
+                try:
+                    data = json.loads(payload)
+                except ValueError:
+                    data = None
+                if not isinstance(data, dict):
+                    raise _UpstreamError(error_response(
+                        502, f"{backend.role} worker {backend.url} answered 200 without a JSON "
+                        "object", request_id, code=f"{backend.role}_bad_response"))
+                return data
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
             self._backend_failed(backend, exc)
@@ -287,17 +296,23 @@ class Router:
                 try:
                     # hot path: runs once per streamed chunk
                     async for chunk in upstream.content.iter_any():
-                        await response.write(chunk)
+                        try:
+                            await response.write(chunk)
+                        except ConnectionResetError:
+                            # The client left. Leaving this block closes the connection to
+                            # the worker, and vLLM aborts a request whose client is gone.
+                            self.metrics.client_disconnects.labels(parsed.endpoint).inc()
+                            return response
                         if first:
                             first = False
                             self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
                                 time.perf_counter() - arrived)
                 except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-                    if isinstance(exc, aiohttp.ClientConnectionError) and request.transport is None:
-                        raise  # the client left; nothing to tell it
                     self._backend_failed(backend, exc)
-                    await response.write(_sse_error(role, backend, exc))
-                await response.write_eof()
+                    with contextlib.suppress(ConnectionResetError):
+                        await response.write(_sse_error(role, backend, exc))
+                with contextlib.suppress(ConnectionResetError):
+                    await response.write_eof()
                 return response
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             self._backend_failed(backend, exc)
