@@ -118,15 +118,15 @@ async def ttft(client: httpx.AsyncClient, url: str, prompt: str) -> float:
     body = {"model": "smollm2", "prompt": prompt, "max_tokens": 8, "stream": True,
             "temperature": 0}
     started = time.perf_counter()
+    elapsed: float | None = None
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
+            if elapsed is None and line.startswith("data: ") and line != "data: [DONE]":
                 if json.loads(line[6:]).get("choices"):
                     elapsed = time.perf_counter() - started
-                    break
-        async for _ in response.aiter_lines():
-            pass
+    if elapsed is None:
+        raise RuntimeError(f"{url}: stream without a token")
     return elapsed * 1000
 
 

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "console.catalog",
     "console.deployments",
     "console.supervisor",
+    "console.live",
 ]
 
 MIDDLEWARE = [
@@ -160,6 +161,7 @@ PDSERVE_MODEL_DIR = DATA_DIR / "models"
 PDSERVE_KV_DIR = env_path(
     "PDSERVE_KV_DIR", Path("/dev/shm/pdserve") if Path("/dev/shm").is_dir() else DATA_DIR / "kv"
 )
+PDSERVE_LOG_RETENTION_LINES = env_int("PDSERVE_LOG_RETENTION_LINES", 50_000, 100, 10_000_000)
 PDSERVE_SUPERVISOR_TICK_S = float(env_int("PDSERVE_SUPERVISOR_TICK_MS", 500, 50, 10_000)) / 1000
 
 LOGGING = {

@@ -9,5 +9,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/auth/token/", obtain_auth_token, name="api-token"),
     path("api/v1/", include("console.deployments.api.urls")),
+    path("api/v1/", include("console.live.api.urls")),
     path("", include("console.deployments.urls")),
 ]

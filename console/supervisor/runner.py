@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +20,14 @@ from typing import IO
 
 import httpx
 import psutil
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.utils import timezone
 
 from console.deployments.models import Deployment
 from console.deployments.processes import ProcessSpec, kv_channel, process_specs
+from console.live.broadcast import log_messages, send_all
+from console.live.logstore import CapturedLine, LogStore, clean_line
 from console.supervisor.models import ManagedProcess
 from inference.kv_channels import SharedStorageChannel
 
@@ -40,7 +45,7 @@ class Child:
     deployment_id: int
     slot: str
     popen: subprocess.Popen[bytes]
-    log_file: IO[bytes]
+    capture: threading.Thread
     stop_deadline: float | None = None
     next_probe: float = 0.0
 
@@ -58,9 +63,15 @@ class Supervisor:
     children: dict[int, Child] = field(default_factory=dict)
     backoff: dict[tuple[int, str], Backoff] = field(default_factory=dict)
     last_sweep: float = 0.0
+    captured: queue.SimpleQueue[CapturedLine] = field(default_factory=queue.SimpleQueue)
+    log_store: LogStore = field(
+        default_factory=lambda: LogStore(retention_lines=settings.PDSERVE_LOG_RETENTION_LINES)
+    )
 
     def __post_init__(self) -> None:
         self.http = httpx.Client(timeout=self.probe_timeout_s)
+        self._writer_stop = threading.Event()
+        self._writer: threading.Thread | None = None
 
     # ---- start-up ----------------------------------------------------------------------
     def recover(self) -> int:
@@ -97,7 +108,7 @@ class Supervisor:
             did = True
             # The leader is gone; make sure no engine subprocess of its group outlives it.
             _kill_group(child.popen.pid, signal.SIGKILL)
-            child.log_file.close()
+            child.capture.join(timeout=5)
             del self.children[record_id]
             if child.stop_deadline is not None:
                 ManagedProcess.objects.filter(pk=record_id).update(
@@ -105,11 +116,15 @@ class Supervisor:
                 )
                 continue
             key = (child.deployment_id, child.slot)
+            record = ManagedProcess.objects.filter(pk=record_id).first()
+            if record is None:
+                # Deleted (with its deployment, in the admin) while it ran: nothing to record.
+                self.backoff.pop(key, None)
+                continue
             backoff = self.backoff.setdefault(key, Backoff())
             backoff.failures += 1
             delay = min(MAX_BACKOFF_S, 2.0 ** (backoff.failures - 1))
             backoff.retry_at = time.monotonic() + delay
-            record = ManagedProcess.objects.get(pk=record_id)
             last_line = next((line for line in reversed(record.tail(20)) if line.strip()), "")
             error = f"exited with code {code}; restarting in {delay:.0f} s. Last log line: {last_line}"
             log.warning("%s: %s", record, error)
@@ -148,7 +163,9 @@ class Supervisor:
         for child in self.children.values():
             if child.stop_deadline is not None or now < child.next_probe:
                 continue
-            record = ManagedProcess.objects.get(pk=child.record_id)
+            record = ManagedProcess.objects.filter(pk=child.record_id).first()
+            if record is None:
+                continue  # its row was deleted in the admin; reap() forgets it once it exits
             healthy = self._probe(record.url)
             child.next_probe = now + (1.0 if record.state == State.STARTING else 2.0)
             if healthy and record.state == State.STARTING:
@@ -178,6 +195,56 @@ class Supervisor:
                 removed += channel.sweep()
         return removed > 0
 
+    # ---- logs ---------------------------------------------------------------------------
+    def flush_logs(self) -> bool:
+        """Store the lines captured since the last flush, then broadcast them."""
+        batch: list[CapturedLine] = []
+        while len(batch) < 5000:
+            try:
+                batch.append(self.captured.get_nowait())
+            except queue.Empty:
+                break
+        if not batch:
+            return False
+        rows = self.log_store.write(batch)
+        if settings.REDIS_URL:
+            # Shared channel layer: the supervisor broadcasts itself, right after storing.
+            # Without Redis the console's hub polls the stored rows (console/live/hub.py).
+            async_to_sync(send_all)(log_messages(rows))
+        return True
+
+    def start_log_writer(self, interval_s: float = 0.1) -> None:
+        """Flush captured lines from a thread of their own, so a slow tick never delays logs."""
+
+        def loop() -> None:
+            from django.db import connection
+
+            last_prune = time.monotonic()
+            try:
+                while not self._writer_stop.is_set():
+                    try:
+                        if not self.flush_logs():
+                            self._writer_stop.wait(interval_s)
+                        if time.monotonic() - last_prune > 60:
+                            self.log_store.prune()
+                            last_prune = time.monotonic()
+                    except Exception:  # a locked database must not end log capture
+                        log.exception("storing log lines failed; retrying")
+                        self._writer_stop.wait(1.0)
+                while self.flush_logs():
+                    pass
+            finally:
+                connection.close()
+
+        self._writer = threading.Thread(target=loop, name="log-writer", daemon=True)
+        self._writer.start()
+
+    def stop_log_writer(self) -> None:
+        if self._writer is not None:
+            self._writer_stop.set()
+            self._writer.join(timeout=10)
+            self._writer = None
+
     # ---- stopping ----------------------------------------------------------------------
     def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
         for child in self.children.values():
@@ -199,13 +266,14 @@ class Supervisor:
     def _spawn(self, deployment: Deployment, spec: ProcessSpec) -> None:
         log_path = self.log_dir / deployment.name / f"{spec.slot}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "ab")  # noqa: SIM115 - owned by the Child until it exits
-        stamp = timezone.now().isoformat(timespec="seconds")
-        log_file.write(f"=== pdserve {stamp} starting {spec.slot}: {' '.join(spec.argv)}\n".encode())
+        log_file = open(log_path, "ab")  # noqa: SIM115 - the capture thread closes it
+        header = f"=== pdserve {timezone.now().isoformat(timespec='seconds')} starting " \
+                 f"{spec.slot}: {' '.join(spec.argv)}\n".encode()
+        log_file.write(header)
         log_file.flush()
         popen = subprocess.Popen(  # noqa: S603 - argv built from the validated plan
             spec.argv,
-            stdout=log_file,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **spec.env},
@@ -224,8 +292,25 @@ class Supervisor:
             restarts=record.restarts + (0 if created or record.state == State.STOPPED else 1),
             started_at=timezone.now(), ready_at=None, updated=timezone.now(),
         )
-        self.children[record.pk] = Child(record.pk, deployment.pk, spec.slot, popen, log_file)
+        self.captured.put(CapturedLine(record.pk, clean_line(header), timezone.now()))
+        capture = threading.Thread(target=self._capture, args=(record.pk, popen, log_file),
+                                   name=f"capture-{spec.slot}", daemon=True)
+        capture.start()
+        self.children[record.pk] = Child(record.pk, deployment.pk, spec.slot, popen, capture)
         log.info("started %s/%s pid %d", deployment.name, spec.slot, popen.pid)
+
+    def _capture(self, record_id: int, popen: subprocess.Popen[bytes], log_file: IO[bytes]) -> None:
+        """Copy a child's output line by line to its log file and to the store's queue."""
+        assert popen.stdout is not None
+        try:
+            # hot path: runs once per line a worker prints
+            for raw in iter(popen.stdout.readline, b""):
+                log_file.write(raw)
+                log_file.flush()
+                self.captured.put(CapturedLine(record_id, clean_line(raw), timezone.now()))
+        finally:
+            popen.stdout.close()
+            log_file.close()
 
     def _stop(self, child: Child, grace_s: float = STOP_GRACE_S) -> None:
         child.stop_deadline = time.monotonic() + grace_s

@@ -49,6 +49,7 @@ class Command(BaseCommand):
             self.stdout.write(f"supervisor: marked {fixed} leftover process record(s) failed")
         self.stdout.write("supervisor: running", ending="\n")
         self.stdout.flush()
+        supervisor.start_log_writer()
         try:
             while not self.stopping:
                 supervisor.tick()
@@ -56,6 +57,7 @@ class Command(BaseCommand):
         finally:
             self.stdout.write("supervisor: stopping all processes")
             supervisor.stop_all()
+            supervisor.stop_log_writer()
             self.stdout.write("supervisor: stopped")
             lock.close()
 
