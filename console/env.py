@@ -43,8 +43,10 @@ def env_int(name: str, default: int, minimum: int | None = None, maximum: int | 
         value = int(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name}: expected an integer, got {raw!r}") from exc
-    if minimum is not None and value < minimum or maximum is not None and value > maximum:
-        raise ImproperlyConfigured(f"{name}: {value} is outside {minimum}..{maximum}")
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}: {value} is below the minimum {minimum}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}: {value} is above the maximum {maximum}")
     return value
 
 

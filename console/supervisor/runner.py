@@ -63,6 +63,7 @@ class Supervisor:
     children: dict[int, Child] = field(default_factory=dict)
     backoff: dict[tuple[int, str], Backoff] = field(default_factory=dict)
     last_sweep: float = 0.0
+    prepared: set[int] = field(default_factory=set)
     captured: queue.SimpleQueue[CapturedLine] = field(default_factory=queue.SimpleQueue)
     log_store: LogStore = field(
         default_factory=lambda: LogStore(retention_lines=settings.PDSERVE_LOG_RETENTION_LINES)
@@ -78,7 +79,7 @@ class Supervisor:
         """Mark records a previous supervisor left as alive. Returns how many were fixed."""
         fixed = 0
         for record in ManagedProcess.objects.filter(state__in=ManagedProcess.ALIVE_STATES):
-            if record.pid and _alive(record.pid):
+            if record.pid and _is_our_process(record):
                 # Still running but nobody supervises it: it would hold its ports forever.
                 _kill_group(record.pid, signal.SIGKILL)
                 error = "orphaned by a previous supervisor; killed"
@@ -137,11 +138,14 @@ class Supervisor:
     def reconcile(self) -> bool:
         did = False
         running_slots: set[tuple[int, str]] = set()
-        for deployment in Deployment.objects.filter(desired_state=Deployment.DesiredState.RUNNING):
+        running = list(Deployment.objects.filter(desired_state=Deployment.DesiredState.RUNNING))
+        # A deployment's KV storage is emptied once per start, not on every restart of a worker.
+        self.prepared &= {d.pk for d in running}
+        for deployment in running:
             specs = process_specs(deployment)
-            fresh_start = not any(c.deployment_id == deployment.pk for c in self.children.values())
-            if fresh_start:
+            if deployment.pk not in self.prepared:
                 kv_channel(deployment).prepare()
+                self.prepared.add(deployment.pk)
             for spec in specs:
                 running_slots.add((deployment.pk, spec.slot))
                 if self._child_for(deployment.pk, spec.slot) is not None:
@@ -327,11 +331,19 @@ class Supervisor:
             return False
 
 
-def _alive(pid: int) -> bool:
+def _is_our_process(record: ManagedProcess) -> bool:
+    """Whether the record's pid is alive and still the process we started, not a reused pid."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        process = psutil.Process(record.pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        started = process.create_time()
     except psutil.NoSuchProcess:
         return False
+    if record.started_at is None:
+        return False
+    # The record is written just after the spawn, so the process is a little older than it.
+    return abs(started - record.started_at.timestamp()) < 5.0
 
 
 def _kill_group(pid: int, sig: signal.Signals) -> None:

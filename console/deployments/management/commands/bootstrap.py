@@ -21,10 +21,10 @@ class Command(BaseCommand):
                             help="prepared model directory (default: DATA_DIR/models/...)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        self._ensure_admin()
         model_dir: Path | None = options["model_dir"]
         if model_dir is not None and not (model_dir / "config.json").is_file():
             raise CommandError(f"--model-dir: no config.json in {model_dir}")
+        self._ensure_admin()
         deployment, created = ensure_default_deployment(model_dir)
         verb = "created" if created else "kept"
         self.stdout.write(f"bootstrap: {verb} deployment {deployment.name}")

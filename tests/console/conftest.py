@@ -1,0 +1,49 @@
+"""Shared fixtures for the console tests: two users and the default deployment plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+
+from console.deployments.defaults import ensure_default_deployment
+from console.deployments.models import Deployment
+from tests.console.passwords import OUTSIDER_PASSWORD, OWNER_PASSWORD
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    # The production hasher is slow on purpose (PBKDF2, a million rounds); tests hash dozens.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def owner(db: None) -> User:
+    """The operator, created the way `manage.py bootstrap` creates the admin."""
+    return User.objects.create_superuser(username="owner", email="", password=OWNER_PASSWORD)
+
+
+@pytest.fixture
+def outsider(db: None) -> User:
+    """Someone who once had an account that has since been deactivated.
+
+    A disabled account is the realistic outsider of a single-operator console: it has a row,
+    a password and even a token left over, and none of them may open anything.
+    """
+    user = User.objects.create_user(username="outsider", password=OUTSIDER_PASSWORD)
+    Token.objects.create(user=user)
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+    return user
+
+
+@pytest.fixture
+def deployment(db: None, tmp_path: Path) -> Deployment:
+    # The model directory is only stored as a path; nothing reads it in these tests.
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    created, _ = ensure_default_deployment(model_dir=model_dir)
+    return created
