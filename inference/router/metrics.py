@@ -20,6 +20,7 @@ class RouterMetrics:
     pd_fallback: Counter
     backend_errors: Counter
     client_disconnects: Counter
+    kv_handoffs: Counter
 
     @classmethod
     def create(cls) -> RouterMetrics:
@@ -61,5 +62,10 @@ class RouterMetrics:
                 "pdserve_router_client_disconnects",
                 "Streams the client closed before the end; the worker request is aborted",
                 ["endpoint"], registry=registry,
+            ),
+            kv_handoffs=Counter(
+                "pdserve_router_kv_handoffs",
+                "Requests prefilled on one worker and decoded on another, by pair and outcome",
+                ["prefill", "decode", "outcome"], registry=registry,
             ),
         )

@@ -31,8 +31,10 @@ from inference.router.backends import (
 from inference.router.config import RouterConfig, build_parser, config_from_args
 from inference.router.metrics import RouterMetrics
 from inference.router.prompts import ParsedRequest, PromptChecker, RequestError
+from inference.router.timeline import Timeline
 
 log = logging.getLogger("pdserve.router")
+timeline_log = logging.getLogger("pdserve.router.timeline")
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # What vLLM's NixlConnector expects on the prefill request to keep the KV for a remote decode.
@@ -161,14 +163,28 @@ class Router:
         return await self._serve(request, "completions")
 
     async def _serve(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        arrived = time.perf_counter()
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        response = await self._serve_inner(request, endpoint, request_id, arrived)
-        self.metrics.requests.labels(endpoint, str(response.status)).inc()
+        timeline = Timeline(request.headers.get("X-Request-Id") or uuid.uuid4().hex, endpoint)
+        try:
+            response = await self._serve_inner(request, endpoint, timeline)
+        except asyncio.CancelledError:
+            timeline.error = "client disconnected"
+            timeline.status = 499
+            self._finish(timeline)
+            raise
+        timeline.status = response.status
+        self._finish(timeline)
         return response
 
-    async def _serve_inner(self, request: web.Request, endpoint: str, request_id: str,
-                           arrived: float) -> web.StreamResponse:
+    def _finish(self, timeline: Timeline) -> None:
+        self.metrics.requests.labels(timeline.endpoint, str(timeline.status)).inc()
+        if timeline.prefill and timeline.decode:
+            outcome = "ok" if timeline.status == 200 and not timeline.error else "failed"
+            self.metrics.kv_handoffs.labels(timeline.prefill, timeline.decode, outcome).inc()
+        timeline_log.info("timeline %s", timeline.to_json())
+
+    async def _serve_inner(self, request: web.Request, endpoint: str,
+                           timeline: Timeline) -> web.StreamResponse:
+        request_id = timeline.request_id
         if (denied := self._check_auth(request, request_id)) is not None:
             return denied
         try:
@@ -186,24 +202,27 @@ class Router:
             return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
 
         try:
+            timeline.prompt_tokens = len(parsed.prompt_token_ids)
             if self.config.mode == "colocated":
-                return await self._forward(request, "colocated", parsed, parsed.body, request_id,
-                                           arrived)
+                return await self._forward(request, "colocated", parsed, parsed.body, timeline)
             if not self.pools["decode"].ready():
                 # Fail before prefilling: a prefill for a decode that never comes pins KV blocks
                 # on the prefill worker until they time out. (ready(), not pick(): pick() would
                 # advance the round robin and skew the later real pick.)
                 raise NoBackendAvailable("decode", self.pools["decode"].backends)
-            decode_body = await self._prefill(parsed, request_id)
-            return await self._forward(request, "decode", parsed, decode_body, request_id, arrived)
+            decode_body = await self._prefill(parsed, timeline)
+            return await self._forward(request, "decode", parsed, decode_body, timeline)
         except NoBackendAvailable as exc:
+            timeline.error = str(exc)
             return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
         except BackendFailure as exc:
+            timeline.error = str(exc)
             return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
         except _UpstreamError as exc:
+            timeline.error = f"worker answered {exc.response.status}"
             return exc.response
 
-    async def _prefill(self, parsed: ParsedRequest, request_id: str) -> dict[str, Any]:
+    async def _prefill(self, parsed: ParsedRequest, timeline: Timeline) -> dict[str, Any]:
         """Run the prompt on a prefill worker; return the body to send to decode."""
         body = dict(parsed.body)
         for key in ("stream_options", "min_tokens", "n", "best_of"):
@@ -216,13 +235,19 @@ class Router:
 
         pool = self.pools["prefill"]
         backend = pool.pick()
+        timeline.prefill = backend.url
+        timeline.mark("prefill_dispatched")
         started = time.perf_counter()
-        data = await self._call_json(backend, PATHS[parsed.endpoint], body, request_id)
+        data = await self._call_json(backend, PATHS[parsed.endpoint], body, timeline.request_id)
         self.metrics.prefill_seconds.observe(time.perf_counter() - started)
+        timeline.mark("prefill_done")
 
         prefill_ids = _prompt_token_ids(parsed.endpoint, data)
         decode_body = dict(parsed.body)
         kv_params = data.get("kv_transfer_params")
+        if isinstance(kv_params, dict):
+            timeline.kv = {key: kv_params.get(key) for key in
+                           ("remote_engine_id", "remote_num_tokens", "remote_prefill_cached_tokens")}
         if prefill_ids is None:
             self.metrics.pd_fallback.labels("no_prompt_token_ids").inc()
             return decode_body
@@ -235,7 +260,8 @@ class Router:
             # computes the prompt itself instead, which is slower but correct.
             self.metrics.pd_fallback.labels("token_mismatch").inc()
             log.warning("request %s: prefill tokens differ from the router's; decode recomputes",
-                        request_id)
+                        timeline.request_id)
+            timeline.kv["fallback"] = "token_mismatch"
             return decode_body
         if self.channel_uses_params:
             if not kv_params:
@@ -272,9 +298,12 @@ class Router:
             backend.in_flight -= 1
 
     async def _forward(self, request: web.Request, role: str, parsed: ParsedRequest,
-                       body: dict[str, Any], request_id: str,
-                       arrived: float) -> web.StreamResponse:
+                       body: dict[str, Any], timeline: Timeline) -> web.StreamResponse:
+        request_id = timeline.request_id
         backend = self.pools[role].pick()
+        if role == "decode":
+            timeline.decode = backend.url
+        timeline.mark("decode_dispatched")
         backend.in_flight += 1
         try:
             async with backend.client().post(
@@ -284,7 +313,11 @@ class Router:
                 if upstream.status != 200 or not parsed.stream:
                     payload = await upstream.read()
                     self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
-                        time.perf_counter() - arrived)
+                        timeline.since_arrival())
+                    timeline.mark("first_token")
+                    timeline.mark("last_token")
+                    if upstream.status == 200:
+                        timeline.completion_tokens = _completion_tokens(payload)
                     return _relay(upstream.status, payload, upstream, request_id)
                 response = web.StreamResponse(status=200, headers={
                     "Content-Type": "text/event-stream",
@@ -302,15 +335,20 @@ class Router:
                             # The client left. Leaving this block closes the connection to
                             # the worker, and vLLM aborts a request whose client is gone.
                             self.metrics.client_disconnects.labels(parsed.endpoint).inc()
+                            timeline.error = "client disconnected"
                             return response
+                        timeline.stream_chunks += chunk.count(b"data: ")
                         if first:
                             first = False
                             self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
-                                time.perf_counter() - arrived)
+                                timeline.since_arrival())
+                            timeline.mark("first_token")
                 except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
                     self._backend_failed(backend, exc)
+                    timeline.error = f"{role} failed mid-stream: {_describe(exc)}"
                     with contextlib.suppress(ConnectionResetError):
                         await response.write(_sse_error(role, backend, exc))
+                timeline.mark("last_token")
                 with contextlib.suppress(ConnectionResetError):
                     await response.write_eof()
                 return response
@@ -347,6 +385,15 @@ def _relay(status: int, payload: bytes, upstream: aiohttp.ClientResponse,
         headers={"Content-Type": upstream.headers.get("Content-Type", "application/json"),
                  "X-Request-Id": request_id},
     )
+
+
+def _completion_tokens(payload: bytes) -> int | None:
+    try:
+        usage = json.loads(payload).get("usage") or {}
+    except (ValueError, AttributeError):
+        return None
+    tokens = usage.get("completion_tokens")
+    return tokens if isinstance(tokens, int) else None
 
 
 def _prompt_token_ids(endpoint: str, data: dict[str, Any]) -> list[int] | None:

@@ -1,0 +1,63 @@
+"""Per-request timeline: when each step of a request happened, logged as one JSON line.
+
+The router prints ``timeline {...}`` when a request ends; the console stores the router's
+output like any other log line, so the request page finds it by request id and joins it with
+the prefill and decode workers' lines for the same id.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# Steps in the order they happen; each is stored as ms since the request arrived.
+EVENTS = ("received", "prefill_dispatched", "prefill_done", "decode_dispatched", "first_token",
+          "last_token")
+
+
+@dataclass
+class Timeline:
+    request_id: str
+    endpoint: str
+    arrived: float = field(default_factory=time.perf_counter)
+    wall_start: float = field(default_factory=time.time)
+    events: dict[str, float] = field(default_factory=dict)
+    prefill: str | None = None
+    decode: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    stream_chunks: int = 0
+    kv: dict[str, Any] = field(default_factory=dict)
+    status: int | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.events["received"] = 0.0
+
+    def mark(self, event: str) -> None:
+        self.events[event] = round((time.perf_counter() - self.arrived) * 1000, 3)
+
+    def mark_once(self, event: str) -> None:
+        if event not in self.events:
+            self.mark(event)
+
+    def since_arrival(self) -> float:
+        return time.perf_counter() - self.arrived
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "request_id": self.request_id,
+            "endpoint": self.endpoint,
+            "start": round(self.wall_start, 6),
+            "events_ms": self.events,
+            "prefill": self.prefill,
+            "decode": self.decode,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "stream_chunks": self.stream_chunks,
+            "kv": self.kv,
+            "status": self.status,
+            "error": self.error,
+        }, separators=(",", ":"))

@@ -1,0 +1,65 @@
+"""The per-request timeline line and the prefill/decode pairing metric."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from tests.unit.conftest import MODEL, RunningRouter, StubVLLM
+
+StartRouter = Callable[..., Awaitable[RunningRouter]]
+MakeStub = Callable[[str], Awaitable[StubVLLM]]
+
+
+def timelines(caplog: pytest.LogCaptureFixture) -> list[dict]:
+    return [json.loads(record.getMessage().removeprefix("timeline "))
+            for record in caplog.records if record.name == "pdserve.router.timeline"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_pd_request_logs_its_timeline_in_order(
+        start_router: StartRouter, make_stub: MakeStub, caplog: pytest.LogCaptureFixture,
+        stream: bool) -> None:
+    caplog.set_level(logging.INFO, logger="pdserve.router.timeline")
+    prefill, decode = await make_stub("prefill"), await make_stub("decode")
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl")
+    response = await running.client.post(
+        "/v1/completions", headers={"X-Request-Id": "timeline-1"},
+        json={"model": MODEL, "prompt": "hello world", "max_tokens": 4, "stream": stream})
+    assert response.status == 200
+    await response.read()
+
+    [line] = timelines(caplog)
+    assert line["request_id"] == "timeline-1"
+    assert (line["prefill"], line["decode"]) == (prefill.url, decode.url)
+    assert line["status"] == 200 and line["error"] is None
+    order = ["received", "prefill_dispatched", "prefill_done", "decode_dispatched",
+             "first_token", "last_token"]
+    times = [line["events_ms"][event] for event in order]
+    assert times == sorted(times)
+    assert line["prompt_tokens"] > 0
+    assert (line["stream_chunks"] > 1) if stream else (line["stream_chunks"] == 0)
+    assert await running.metric("pdserve_router_kv_handoffs_total",
+                                {"prefill": prefill.url, "decode": decode.url,
+                                 "outcome": "ok"}) == 1
+
+
+async def test_a_decode_dying_mid_stream_counts_a_failed_hand_off(
+        start_router: StartRouter, make_stub: MakeStub, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pdserve.router.timeline")
+    prefill, decode = await make_stub("prefill"), await make_stub("decode")
+    decode.die_after_chunks = 2
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl")
+    response = await running.client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "hello world", "max_tokens": 4, "stream": True})
+    assert response.status == 200
+    await response.read()
+    [line] = timelines(caplog)
+    assert "decode failed mid-stream" in line["error"]
+    assert await running.metric("pdserve_router_kv_handoffs_total",
+                                {"prefill": prefill.url, "decode": decode.url,
+                                 "outcome": "failed"}) == 1
