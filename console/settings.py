@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "console.deployments",
     "console.supervisor",
     "console.live",
+    "console.playground",
 ]
 
 MIDDLEWARE = [

@@ -10,5 +10,7 @@ urlpatterns = [
     path("api/v1/auth/token/", obtain_auth_token, name="api-token"),
     path("api/v1/", include("console.deployments.api.urls")),
     path("api/v1/", include("console.live.api.urls")),
+    path("", include("console.live.log_urls")),
+    path("", include("console.playground.urls")),
     path("", include("console.deployments.urls")),
 ]

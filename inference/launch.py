@@ -98,6 +98,9 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
         # The supervisor and the router probe /health every second or two; logging each probe
         # would bury the lines operators read.
         "--disable-access-log-for-endpoints", "/health,/metrics",
+        # One line per request with its id, so the console's request timeline can join the
+        # router's view with each worker's (prompts cut to 120 characters).
+        "--enable-log-requests", "--max-log-len", "120",
     ]
     if spec.sampling_defaults:
         argv += ["--override-generation-config",

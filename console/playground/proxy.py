@@ -1,0 +1,67 @@
+"""The playground's chat call: the console forwards it to the deployment's router, streamed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from console.deployments.models import Deployment
+
+ALLOWED_FIELDS = {"messages", "max_tokens", "temperature", "top_p", "seed", "stop"}
+
+
+class ChatInputError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def build_body(deployment: Deployment, raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ChatInputError("body", f"malformed JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ChatInputError("body", "expected a JSON object")
+    unknown = sorted(set(data) - ALLOWED_FIELDS)
+    if unknown:
+        raise ChatInputError(unknown[0], f"unsupported field; allowed: {sorted(ALLOWED_FIELDS)}")
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
+    ):
+        raise ChatInputError("messages", "expected a non-empty list of {role, content} strings")
+    body: dict[str, Any] = {key: data[key] for key in ALLOWED_FIELDS if key in data}
+    body.update(model=deployment.served_model_name, stream=True,
+                stream_options={"include_usage": True})
+    return body
+
+
+async def stream_chat(deployment_url: str, body: dict[str, Any],
+                      request_id: str) -> AsyncIterator[bytes]:
+    """Yield the router's SSE bytes; a failure becomes one SSE error event, never a hang."""
+    headers = {"X-Request-Id": request_id}
+    if settings.PDSERVE_API_KEY:
+        headers["Authorization"] = f"Bearer {settings.PDSERVE_API_KEY}"
+    timeout = httpx.Timeout(600.0, connect=3.0)
+    try:
+        async with httpx.AsyncClient(timeout=timeout) as client, client.stream(
+            "POST", f"{deployment_url}/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode("utf-8", errors="replace")
+                yield _error_event(f"router answered {response.status_code}: {detail}")
+                return
+            async for chunk in response.aiter_raw():
+                yield chunk
+    except httpx.HTTPError as exc:
+        yield _error_event(f"cannot reach the router at {deployment_url}: {exc}")
+
+
+def _error_event(message: str) -> bytes:
+    return f"data: {json.dumps({'error': {'message': message}})}\n\n".encode()
