@@ -29,8 +29,10 @@ class LiveHub:
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def ensure_started(self) -> None:
-        if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self.run())
+        loop = asyncio.get_running_loop()
+        # A task of another (finished) event loop never runs again: start one on this loop.
+        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
+            self.task = loop.create_task(self.run())
 
     async def run(self) -> None:
         await database_sync_to_async(self._start_from_now)()
