@@ -150,8 +150,8 @@ def test_a_request_is_found_in_the_router_timeline_and_the_worker_logs(
         "received", "prefill_dispatched", "prefill_done", "decode_dispatched", "first_token",
         "last_token"]
     assert view.steps()[2] == ("prefill_done", 80.0, 78.5)
-    assert [(slot, line.text[:31]) for slot, line in view.lines] == [
-        ("decode-0", "INFO Received request chatcmpl")]
+    assert [(slot, line.text) for slot, line in view.lines] == [
+        ("decode-0", "INFO Received request chatcmpl-req-42-0: prompt ...")]
 
     client = Client()
     client.force_login(owner)
