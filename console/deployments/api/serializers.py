@@ -10,7 +10,7 @@ from console.supervisor.models import ManagedProcess
 class ProcessSerializer(serializers.ModelSerializer):
     class Meta:
         model = ManagedProcess
-        fields = ["slot", "role", "port", "pid", "state", "restarts", "exit_code", "last_error",
+        fields = ["id", "slot", "role", "port", "pid", "state", "restarts", "exit_code", "last_error",
                   "started_at", "ready_at"]
 
 
