@@ -235,7 +235,8 @@ def table(results: list[Result], reference: Result | None) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="model directory")
-    parser.add_argument("--channels", default="shared-storage,nixl")
+    parser.add_argument("--channels", default="shared-storage,nixl",
+                        help="PD configurations to measure after the one-server baseline")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prompt-tokens", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)

@@ -23,6 +23,7 @@ class Backend:
     healthy: bool = False
     in_flight: int = 0
     last_error: str = ""
+    slow_probes: int = 0
     last_change: float = field(default_factory=time.monotonic)
 
     def mark(self, healthy: bool, error: str = "") -> None:
@@ -83,14 +84,26 @@ async def close_sessions(pools: list[Pool]) -> None:
                 await backend.session.close()
 
 
+# A busy worker (say, a long prefill on a saturated core) can miss a probe's deadline while it
+# is perfectly able to serve; only this many slow probes in a row take it out. A refused
+# connection or an error status is no such doubt and takes it out at once.
+SLOW_PROBES_TO_FAIL = 3
+
+
 async def probe(backend: Backend, timeout_s: float) -> None:
     try:
         async with backend.client().get(
             "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as response:
             ok = response.status == 200
+            backend.slow_probes = 0
             backend.mark(ok, "" if ok else f"/health {response.status}")
-    except (TimeoutError, aiohttp.ClientError) as exc:
+    except TimeoutError:
+        backend.slow_probes += 1
+        if backend.slow_probes >= SLOW_PROBES_TO_FAIL or not backend.healthy:
+            backend.mark(False, f"/health timed out {backend.slow_probes} times in a row")
+    except aiohttp.ClientError as exc:
+        backend.slow_probes = 0
         backend.mark(False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
