@@ -27,6 +27,7 @@ from django.utils import timezone
 from console.deployments.models import Deployment
 from console.deployments.processes import ProcessSpec, kv_channel, process_specs
 from console.live.broadcast import log_messages, send_all
+from console.live.collector import MetricsCollector, ScrapeTarget
 from console.live.logstore import CapturedLine, LogStore, clean_line
 from console.supervisor.models import ManagedProcess
 from inference.kv_channels import SharedStorageChannel
@@ -73,6 +74,7 @@ class Supervisor:
         self.http = httpx.Client(timeout=self.probe_timeout_s)
         self._writer_stop = threading.Event()
         self._writer: threading.Thread | None = None
+        self._collector: MetricsCollector | None = None
 
     # ---- start-up ----------------------------------------------------------------------
     def recover(self) -> int:
@@ -248,6 +250,24 @@ class Supervisor:
             self._writer_stop.set()
             self._writer.join(timeout=10)
             self._writer = None
+
+    # ---- metrics ------------------------------------------------------------------------
+    def metric_targets(self) -> list[ScrapeTarget]:
+        """The children that should be answering, for the collector's thread."""
+        # A copy: the tick adds and removes children while the collector iterates.
+        children = self.children.copy()
+        return [ScrapeTarget(child.record_id, child.popen.pid)
+                for child in children.values() if child.stop_deadline is None]
+
+    def start_metrics_collector(self, interval_s: float = 1.0) -> None:
+        """Scrape every child's /metrics, CPU and memory once a second, in a thread of its own."""
+        self._collector = MetricsCollector(self.metric_targets, interval_s=interval_s)
+        self._collector.start()
+
+    def stop_metrics_collector(self) -> None:
+        if self._collector is not None:
+            self._collector.stop()
+            self._collector = None
 
     # ---- stopping ----------------------------------------------------------------------
     def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:

@@ -50,6 +50,7 @@ class Command(BaseCommand):
         self.stdout.write("supervisor: running", ending="\n")
         self.stdout.flush()
         supervisor.start_log_writer()
+        supervisor.start_metrics_collector()
         try:
             while not self.stopping:
                 supervisor.tick()
@@ -58,6 +59,7 @@ class Command(BaseCommand):
             self.stdout.write("supervisor: stopping all processes")
             supervisor.stop_all()
             supervisor.stop_log_writer()
+            supervisor.stop_metrics_collector()
             self.stdout.write("supervisor: stopped")
             lock.close()
 

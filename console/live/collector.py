@@ -1,0 +1,217 @@
+"""The metrics collector: once a second, every live process's /metrics, CPU and memory.
+
+It runs in the supervisor, which knows the live processes. Each step scrapes them, keeps the
+raw text (the console's own /metrics re-exports it), stores one compact snapshot per deployment
+and then broadcasts it: store first, broadcast after, like log lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from console.live.broadcast import metric_messages, send_all
+from console.live.downsample import floor_minute, prune, roll_up
+from console.live.models import MetricSample, ProcessScrape
+from console.supervisor.models import ManagedProcess
+from inference.prom_snapshot import Scrape, parse, process_stats
+
+log = logging.getLogger("pdserve.metrics")
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """A live child of the supervisor: its process row and the pid of its group leader."""
+
+    record_id: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class _Previous:
+    pid: int
+    scrape: Scrape
+
+
+class MetricsCollector:
+    def __init__(self, targets: Callable[[], Iterable[ScrapeTarget]], interval_s: float = 1.0,
+                 timeout_s: float = 0.5) -> None:
+        self.targets = targets
+        self.interval_s = interval_s
+        self.http = httpx.Client(timeout=timeout_s)
+        self._previous: dict[int, _Previous] = {}
+        # psutil measures CPU between two calls on the same Process object, so they are kept.
+        self._processes: dict[tuple[int, float], psutil.Process] = {}
+        self._last_failure: dict[tuple[int, str, str], dict[str, str]] = {}
+        self._maintained: datetime | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- one step ------------------------------------------------------------------------
+    def collect_once(self) -> list[MetricSample]:
+        """Scrape every target, store the raw texts and one sample per deployment, broadcast."""
+        targets = {target.record_id: target for target in self.targets()}
+        records = ManagedProcess.objects.filter(pk__in=list(targets)).order_by("deployment", "slot")
+        now = timezone.now()
+        texts: dict[int, str] = {}
+        by_deployment: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
+        ports: dict[int, dict[int, str]] = defaultdict(dict)
+        seen: set[tuple[int, float]] = set()
+        for record in records:
+            pid = targets[record.pk].pid
+            entry: dict[str, Any] = {"role": record.role}
+            text = self._fetch(record.port)
+            if text is None:
+                entry["up"] = 0
+                self._previous.pop(record.pk, None)
+            else:
+                entry["up"] = 1
+                texts[record.pk] = text
+                entry.update(self._stats(record.pk, pid, record.role, text))
+            entry.update(self._resources(pid, seen))
+            by_deployment[record.deployment_id][record.slot] = entry
+            ports[record.deployment_id][record.port] = record.slot
+        for key in set(self._processes) - seen:
+            del self._processes[key]
+        for record_id in set(self._previous) - set(targets):
+            del self._previous[record_id]
+        for deployment_id, processes in by_deployment.items():
+            self._annotate_handoffs(deployment_id, processes, ports[deployment_id], now)
+        samples = self._store(now, texts, by_deployment)
+        if settings.REDIS_URL and samples:
+            # Shared channel layer: broadcast right after storing. Without Redis the console's
+            # hub polls the stored rows (console/live/hub.py).
+            async_to_sync(send_all)(metric_messages(samples))
+        self.maintain(now)
+        return samples
+
+    def maintain(self, now: datetime) -> bool:
+        """Once a minute: roll the last minutes' 1 s samples up and apply retention."""
+        minute = floor_minute(now)
+        if self._maintained is not None and minute <= self._maintained:
+            return False
+        roll_up(now)
+        prune(now)
+        self._maintained = minute
+        return True
+
+    # ---- the thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        def loop() -> None:
+            from django.db import connection
+
+            try:
+                while not self._stop.is_set():
+                    started = time.monotonic()
+                    try:
+                        self.collect_once()
+                    except Exception:  # a locked database must not end collection
+                        log.exception("collecting metrics failed; retrying")
+                    self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            finally:
+                connection.close()
+                self.http.close()
+
+        self._thread = threading.Thread(target=loop, name="metrics-collector", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _fetch(self, port: int) -> str | None:
+        try:
+            response = self.http.get(f"http://127.0.0.1:{port}/metrics")
+        except httpx.HTTPError:
+            return None  # starting, stopping or hung: the snapshot says "up": 0
+        return response.text if response.status_code == 200 else None
+
+    def _stats(self, record_id: int, pid: int, role: str, text: str) -> dict[str, Any]:
+        try:
+            current = parse(text, time.monotonic())
+        except ValueError:
+            log.warning("process %d served unparsable metrics", record_id)
+            return {}
+        previous = self._previous.get(record_id)
+        # A new pid is a restarted process: its counters started again from zero.
+        before = previous.scrape if previous is not None and previous.pid == pid else None
+        self._previous[record_id] = _Previous(pid, current)
+        return process_stats(role, before, current)
+
+    def _resources(self, pid: int, seen: set[tuple[int, float]]) -> dict[str, Any]:
+        """CPU (% of one core) and resident memory of the process and all its descendants.
+
+        The first reading of a process is 0 % CPU: psutil needs two to measure.
+        """
+        try:
+            leader = psutil.Process(pid)
+            tree = [leader, *leader.children(recursive=True)]
+        except psutil.Error:
+            return {"cpu": None, "rss": None}
+        cpu, rss = 0.0, 0
+        for found in tree:
+            try:
+                # The creation time tells a reused pid from the process measured before.
+                key = (found.pid, found.create_time())
+                process = self._processes.setdefault(key, found)
+                with process.oneshot():
+                    cpu += process.cpu_percent(None)
+                    rss += process.memory_info().rss
+            except psutil.Error:
+                continue  # exited between listing and reading
+            seen.add(key)
+        return {"cpu": round(cpu, 1), "rss": rss}
+
+    def _annotate_handoffs(self, deployment_id: int, processes: dict[str, dict[str, Any]],
+                           slots_by_port: dict[int, str], now: datetime) -> None:
+        """Name the router's hand-off pairs by slot and remember each pair's last failure.
+
+        The router's counter carries no error text; the failed backend calls it counted in the
+        same second are the best account of what went wrong.
+        """
+        router = processes.get("router", {})
+        errors = ", ".join(router.get("backend_errors_ps") or {}) or "hand-off failed"
+        for row in router.get("handoffs", []):
+            key = (deployment_id, row["prefill"], row["decode"])
+            if row["failed_now"]:
+                self._last_failure[key] = {"at": now.isoformat(), "error": errors}
+            row["last_failure"] = self._last_failure.get(key)
+            row["prefill_slot"] = slots_by_port.get(_port(row["prefill"]))
+            row["decode_slot"] = slots_by_port.get(_port(row["decode"]))
+
+    def _store(self, now: datetime, texts: dict[int, str],
+               by_deployment: dict[int, dict[str, dict[str, Any]]]) -> list[MetricSample]:
+        # One transaction: one commit (one fsync on SQLite) per second, not one per row.
+        with transaction.atomic():
+            for record_id, text in texts.items():
+                if not ProcessScrape.objects.filter(process_id=record_id).update(scraped=now, text=text):
+                    ProcessScrape.objects.create(process_id=record_id, scraped=now, text=text)
+            return MetricSample.objects.bulk_create([
+                MetricSample(deployment_id=deployment_id, resolution=MetricSample.Resolution.SECOND,
+                             created=now, data={"processes": processes})
+                for deployment_id, processes in by_deployment.items()
+            ])
+
+
+def _port(url: str) -> int | None:
+    try:
+        return urlsplit(url).port
+    except ValueError:
+        return None
