@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/v1/", include("console.deployments.api.urls")),
     path("api/v1/", include("console.live.api.urls")),
     path("", include("console.live.log_urls")),
+    path("", include("console.live.urls")),
     path("", include("console.playground.urls")),
     path("", include("console.deployments.urls")),
 ]

@@ -1,0 +1,81 @@
+"""The console's own /metrics: every process's last scrape, labelled with where it came from.
+
+Users point one Prometheus job at the console instead of at each worker's port, which changes
+with every plan. Every sample gets ``deployment`` and ``process`` labels; a label of the same
+name already on a sample is kept as ``exported_<name>``, as Prometheus does when it scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+from console.live.models import MetricSample, ProcessScrape
+
+# Older scrapes belong to processes that stopped (or to a collector that did): re-exporting
+# their frozen counters would show them as alive.
+FRESH = timedelta(seconds=30)
+
+
+class _Families(Collector):
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def _relabelled(sample: Sample, extra: dict[str, str]) -> Sample:
+    labels = {(f"exported_{key}" if key in extra else key): value for key, value in sample.labels.items()}
+    return sample._replace(labels={**labels, **extra})
+
+
+def scraped_families(now: datetime) -> list[Metric]:
+    """The fresh scrapes of all processes, merged family by family (a family appears once)."""
+    families: dict[str, Metric] = {}
+    scrapes = (ProcessScrape.objects.filter(scraped__gte=now - FRESH)
+               .select_related("process__deployment").order_by("process__deployment__name",
+                                                                "process__slot"))
+    for scrape in scrapes:
+        extra = {"deployment": scrape.process.deployment.name, "process": scrape.process.slot}
+        for family in text_string_to_metric_families(scrape.text):
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation,
+                                                             family.type, family.unit))
+            merged.samples.extend(_relabelled(sample, extra) for sample in family.samples)
+    return list(families.values())
+
+
+def resource_families(now: datetime) -> list[Metric]:
+    """CPU and RSS of every process tree, from each deployment's latest 1 s sample."""
+    cpu = GaugeMetricFamily("pdserve_process_cpu_percent",
+                            "CPU of the process and its descendants, in % of one core",
+                            labels=["deployment", "process", "role"])
+    rss = GaugeMetricFamily("pdserve_process_rss_bytes",
+                            "Resident memory of the process and its descendants",
+                            labels=["deployment", "process", "role"])
+    latest: dict[int, MetricSample] = {}
+    recent = (MetricSample.objects.filter(resolution=MetricSample.Resolution.SECOND,
+                                          created__gte=now - FRESH)
+              .select_related("deployment").order_by("created"))
+    for sample in recent:
+        latest[sample.deployment_id] = sample
+    for sample in sorted(latest.values(), key=lambda s: s.deployment.name):
+        for slot, process in sorted(sample.data.get("processes", {}).items()):
+            labels = [sample.deployment.name, slot, process.get("role", "")]
+            if process.get("cpu") is not None:
+                cpu.add_metric(labels, process["cpu"])
+            if process.get("rss") is not None:
+                rss.add_metric(labels, process["rss"])
+    return [cpu, rss]
+
+
+def render(now: datetime) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(scraped_families(now) + resource_families(now)))
+    return generate_latest(registry)
