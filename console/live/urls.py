@@ -1,8 +1,9 @@
-from django.urls import re_path
+from django.urls import path, re_path
 
 from console.live import views
 
 urlpatterns = [
     # Prometheus asks for /metrics; people type /metrics/ too.
     re_path(r"^metrics/?$", views.prometheus_metrics, name="prometheus-metrics"),
+    path("deployments/<slug:name>/dashboard/", views.deployment_dashboard, name="deployment-dashboard"),
 ]
