@@ -133,7 +133,8 @@ def supervisor(db: None, tmp_path: Path) -> Iterator[Supervisor]:
 @pytest.fixture
 def collector(supervisor: Supervisor) -> Iterator[MetricsCollector]:
     # The supervisor's own accessor: exactly what `manage.py supervise` hands the collector.
-    made = MetricsCollector(supervisor.metric_targets, timeout_s=2.0)
+    # raw_every_s=0: these tests read the raw text back after every collection.
+    made = MetricsCollector(supervisor.metric_targets, timeout_s=2.0, raw_every_s=0)
     yield made
     made.http.close()
 
@@ -323,3 +324,20 @@ def test_maintenance_runs_once_a_minute(collector: MetricsCollector, deployment:
     assert collector.maintain(now + timedelta(seconds=30)) is False
     assert collector.maintain(now + MINUTE) is True
     assert MetricSample.objects.filter(resolution="1m").count() == 1
+
+
+
+def test_raw_texts_are_rewritten_only_every_few_seconds(supervisor: Supervisor, tmp_path: Path,
+                                                       deployment: Deployment) -> None:
+    decode = Served(supervisor, deployment, "decode-0", vllm_text(), tmp_path)
+    made = MetricsCollector(supervisor.metric_targets, timeout_s=2.0, raw_every_s=3600)
+    try:
+        made.collect_once()
+        row = ManagedProcess.objects.get(deployment=deployment, slot="decode-0")
+        first = ProcessScrape.objects.get(process=row).text
+        decode.serve(vllm_text(running=3))
+        made.collect_once()
+        assert ProcessScrape.objects.get(process=row).text == first
+        assert MetricSample.objects.filter(deployment=deployment).count() == 2
+    finally:
+        made.http.close()
