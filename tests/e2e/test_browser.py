@@ -104,3 +104,15 @@ def test_playground_answers_with_ttft_and_tpot(page: Page, stack: Stack) -> None
     stats.locator("a", has_text="timeline").click()
     expect(page.locator("#timeline tr[data-event='first_token']")).to_have_count(1,
                                                                                   timeout=10_000)
+
+
+def test_dashboard_chart_points_arrive_without_reload(page: Page, stack: Stack) -> None:
+    page.goto("/deployments/smollm2-1p1d/dashboard/")
+    page.wait_for_function("window.pdserveDashboard && window.pdserveDashboard.charts.length > 0")
+    count = "Math.max(...window.pdserveDashboard.charts.map(c => c.times.length))"
+    before = page.evaluate(count)
+    _ask(stack, f"browser-dashboard-{uuid.uuid4().hex[:8]}")
+    # One snapshot a second: a few seconds later every chart has grown, with no navigation.
+    page.wait_for_function(f"{count} >= {before} + 3", timeout=15_000)
+    navigations = page.evaluate("performance.getEntriesByType('navigation').length")
+    assert navigations == 1
