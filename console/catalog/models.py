@@ -1,4 +1,8 @@
-"""Models and their variants: what a worker loads."""
+"""Models and their variants: what a worker loads.
+
+A variant's facts are read from its directory when it is registered (``inspection.py``); the
+sha256 of its weight files is computed afterwards by a background job (``tasks.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,17 @@ from django.db import models
 
 from console.validators import validate_model_path
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
 
 class BaseModel(models.Model):
     """A base model, e.g. SmolLM2-135M-Instruct; its variants are checkpoints of it."""
 
     name = models.SlugField(max_length=100, unique=True)
     description = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
@@ -22,16 +31,89 @@ class Variant(models.Model):
 
     class Format(models.TextChoices):
         SAFETENSORS = "safetensors"
-        GGUF = "gguf"
+
+    class HashState(models.TextChoices):
+        PENDING = "pending"  # nothing to hash yet: the directory has not been inspected
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
 
     base = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="variants")
     name = models.SlugField(max_length=100)
-    path = models.CharField(max_length=1000, validators=[validate_model_path])
+    path = models.CharField(max_length=1000, unique=True, validators=[validate_model_path])
     format = models.CharField(max_length=20, choices=Format.choices, default=Format.SAFETENSORS)
-    dtype = models.CharField(max_length=40, default="bfloat16")
+    dtype = models.CharField(max_length=40, default="bfloat16", help_text="dtype of the weights")
+    quantization = models.CharField(max_length=60, blank=True,
+                                    help_text="quantization method and scheme; empty when none")
+    architecture = models.CharField(max_length=100, blank=True)
+    parameter_count = models.BigIntegerField(null=True, blank=True)
+    size_bytes = models.BigIntegerField(default=0, help_text="all files of the directory")
+
+    # KV geometry, from config.json
+    num_layers = models.PositiveIntegerField(null=True, blank=True)
+    num_kv_heads = models.PositiveIntegerField(null=True, blank=True)
+    head_dim = models.PositiveIntegerField(null=True, blank=True)
+    kv_dtype = models.CharField(max_length=20, blank=True)
+    kv_dtype_from_checkpoint = models.BooleanField(
+        default=False, help_text="the quantization scheme fixes the KV cache dtype")
+    max_positions = models.PositiveIntegerField(null=True, blank=True)
+
+    tokenizer_sha256 = models.CharField(max_length=64, blank=True)
+    tokenizer_files = models.JSONField(default=dict, blank=True, help_text="file name -> sha256")
+    chat_template_sha256 = models.CharField(max_length=64, blank=True,
+                                            help_text="empty when the model ships no template")
+    generation_config = models.JSONField(default=dict, blank=True)
+    weight_files = models.JSONField(default=list, blank=True,
+                                    help_text='[{"name", "size", "mtime_ns"}] when inspected')
+    inspected_at = models.DateTimeField(null=True, blank=True)
+    inspection_error = models.CharField(max_length=500, blank=True)
+
+    weights_sha256 = models.CharField(max_length=64, blank=True)
+    file_hashes = models.JSONField(default=dict, blank=True, help_text="weight file -> sha256")
+    hash_state = models.CharField(max_length=10, choices=HashState.choices,
+                                  default=HashState.PENDING)
+    # Each hashing request gets a new id; a job whose id is no longer current writes nothing.
+    hash_job = models.CharField(max_length=36, blank=True)
+    hash_bytes_done = models.BigIntegerField(default=0)
+    hash_bytes_total = models.BigIntegerField(default=0)
+    hash_error = models.CharField(max_length=500, blank=True)
+    hashed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        ordering = ["base", "name"]
         constraints = [models.UniqueConstraint(fields=["base", "name"], name="variant_unique_name")]
 
     def __str__(self) -> str:
         return f"{self.base.name}/{self.name}"
+
+    @property
+    def inspected(self) -> bool:
+        return self.inspected_at is not None and not self.inspection_error
+
+    @property
+    def is_quantized(self) -> bool:
+        return bool(self.quantization)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(int(f["size"]) for f in self.weight_files)
+
+    @property
+    def hash_percent(self) -> int:
+        if self.hash_state == self.HashState.DONE:
+            return 100
+        if not self.hash_bytes_total:
+            return 0
+        return min(100, self.hash_bytes_done * 100 // self.hash_bytes_total)
+
+    @property
+    def hash_status(self) -> str:
+        """One phrase for pages and messages: 'sha256 ab12cd34…', 'hashing 40%', ..."""
+        if self.hash_state == self.HashState.DONE:
+            return f"sha256 {self.weights_sha256[:12]}…"
+        if self.hash_state == self.HashState.RUNNING:
+            return f"hashing {self.hash_percent}%"
+        if self.hash_state == self.HashState.FAILED:
+            return f"hashing failed: {self.hash_error}"
+        return f"hashing {self.hash_state}"

@@ -1,0 +1,128 @@
+"""Registering model directories and keeping their recorded facts true."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+from django.db import transaction
+from django.utils import timezone
+from kombu.exceptions import OperationalError
+
+from console.catalog.inspection import InspectionError, ModelInspection, inspect_model_dir
+from console.catalog.models import BaseModel, Variant
+from console.catalog.tasks import hash_variant_weights
+
+log = logging.getLogger("pdserve.catalog")
+
+State = Variant.HashState
+
+
+class RegistrationError(ValueError):
+    """A directory that cannot be registered; ``field`` names the input at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@transaction.atomic
+def register_variant(base: BaseModel, name: str, path: str) -> Variant:
+    """Inspect ``path`` and record it as variant ``name`` of ``base``; hashing starts after commit."""
+    try:
+        inspection = inspect_model_dir(path)
+    except InspectionError as exc:
+        raise RegistrationError("path", str(exc)) from exc
+    variant = Variant(base=base, name=name, path=path)
+    _apply(variant, inspection)
+    variant.save()
+    queue_hashing(variant)
+    return variant
+
+
+@transaction.atomic
+def reinspect(variant: Variant) -> Variant:
+    """Read the directory again; a failure is recorded on the variant, not raised.
+
+    The stored facts are what every check compares, so after a directory changes they must be
+    refreshed, and a directory that broke must show as broken.
+    """
+    try:
+        inspection = inspect_model_dir(variant.path)
+    except InspectionError as exc:
+        variant.inspection_error = str(exc)[:500]
+        variant.inspected_at = timezone.now()
+        variant.hash_state, variant.hash_job = State.PENDING, ""
+        variant.save()
+        return variant
+    _apply(variant, inspection)
+    variant.save()
+    queue_hashing(variant)
+    return variant
+
+
+def ensure_variant(base: BaseModel, name: str, path: str) -> Variant:
+    """The variant at ``path``, registered leniently: a broken directory is recorded, not refused.
+
+    For the default deployment, whose directory ``make up`` prepares: the checks then explain
+    what is wrong instead of bootstrap failing.
+    """
+    variant, created = Variant.objects.get_or_create(base=base, name=name, defaults={"path": path})
+    if created or variant.path != path or is_stale(variant):
+        variant.path = path
+        reinspect(variant)
+    return variant
+
+
+def is_stale(variant: Variant) -> bool:
+    """Whether the directory no longer matches what inspection recorded."""
+    if not variant.inspected:
+        return True
+    return bool(changed_weight_files(variant))
+
+
+def changed_weight_files(variant: Variant) -> list[str]:
+    """Weight files whose size or modification time differ from the record (or are gone)."""
+    changed = []
+    for entry in variant.weight_files:
+        try:
+            stat = (Path(variant.path) / entry["name"]).stat()
+        except OSError:
+            changed.append(f"{entry['name']} (missing)")
+            continue
+        if stat.st_size != entry["size"] or stat.st_mtime_ns != entry["mtime_ns"]:
+            changed.append(f"{entry['name']} ({entry['size']} -> {stat.st_size} bytes)"
+                           if stat.st_size != entry["size"] else f"{entry['name']} (rewritten)")
+    return changed
+
+
+def queue_hashing(variant: Variant) -> None:
+    """Ask the background worker to hash the weights once this transaction commits."""
+    variant.hash_job = str(uuid.uuid4())
+    variant.hash_state = State.QUEUED
+    variant.hash_bytes_done, variant.hash_bytes_total = 0, variant.weight_bytes
+    variant.hash_error, variant.weights_sha256, variant.file_hashes = "", "", {}
+    variant.hashed_at = None
+    variant.save(update_fields=["hash_job", "hash_state", "hash_bytes_done", "hash_bytes_total",
+                                "hash_error", "weights_sha256", "file_hashes", "hashed_at"])
+    transaction.on_commit(partial(_send, variant.pk, variant.hash_job))
+
+
+def _send(variant_id: int, job: str) -> None:
+    try:
+        hash_variant_weights.delay(variant_id, job)
+    except OperationalError as exc:
+        log.warning("could not queue hashing of variant %s: %s", variant_id, exc)
+        Variant.objects.filter(pk=variant_id, hash_job=job).update(
+            hash_state=State.FAILED, hash_error=f"could not queue the hashing job: {exc}"[:500]
+        )
+
+
+def _apply(variant: Variant, inspection: ModelInspection) -> None:
+    for name, value in asdict(inspection).items():
+        setattr(variant, name, value)
+    variant.inspected_at = timezone.now()
+    variant.inspection_error = ""
