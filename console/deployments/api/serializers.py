@@ -1,10 +1,25 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
+from console.catalog.models import BaseModel, Variant
 from console.deployments.models import Deployment, WorkerPlan
+from console.deployments.plans import (
+    MAX_INSTANCES,
+    InstanceInput,
+    PlanInput,
+    PoolInput,
+    pool_errors,
+    stored_pools,
+)
 from console.deployments.status import overall_state
+from console.fleet.models import Node
 from console.supervisor.models import ManagedProcess
+from console.validators import validate_core_list, validate_port
+
+POOL_FIELDS = ("prefill", "decode", "colocated")
 
 
 class ProcessSerializer(serializers.ModelSerializer):
@@ -16,26 +31,142 @@ class ProcessSerializer(serializers.ModelSerializer):
 
 class WorkerPlanSerializer(serializers.ModelSerializer):
     variant = serializers.CharField(source="variant.name")
+    variant_id = serializers.IntegerField()
     model_path = serializers.CharField(source="variant.path")
+    node = serializers.CharField(source="node.name")
 
     class Meta:
         model = WorkerPlan
-        fields = ["slot", "role", "index", "variant", "model_path", "host", "port",
-                  "side_channel_port", "cpu_cores", "gpu_indices"]
+        fields = ["slot", "role", "index", "variant", "variant_id", "model_path", "node", "host",
+                  "port", "side_channel_port", "cpu_cores", "gpu_indices", "share_devices"]
 
 
 class DeploymentSerializer(serializers.ModelSerializer):
+    """A deployment as read: the plan, its workers, and the state of its processes."""
+
     base_model = serializers.CharField(source="base_model.name")
     state = serializers.SerializerMethodField()
     router_url = serializers.CharField()
+    router = serializers.SerializerMethodField()
     workers = WorkerPlanSerializer(many=True)
     processes = ProcessSerializer(many=True)
 
     class Meta:
         model = Deployment
         fields = ["id", "name", "base_model", "served_model_name", "mode", "max_model_len",
-                  "kv_channel", "kv_cache_gib", "dtype", "sampling_defaults", "router_url",
-                  "desired_state", "state", "workers", "processes", "created", "updated"]
+                  "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
+                  "kv_cache_dtype", "dtype", "engine_version", "sampling_defaults", "router",
+                  "router_url", "desired_state", "state", "workers", "processes", "created",
+                  "updated"]
 
     def get_state(self, deployment: Deployment) -> str:
         return overall_state(deployment, list(deployment.processes.all()))
+
+    def get_router(self, deployment: Deployment) -> dict[str, Any]:
+        return {"host": deployment.router_host, "port": deployment.router_port,
+                "policy": deployment.router_policy}
+
+
+class VariantField(serializers.RelatedField):
+    """A variant by id, or by "base/name" as people write it."""
+
+    default_error_messages = {
+        "missing": "no variant {value!r}; list them at /api/v1/variants/",
+        "invalid": 'expected a variant id or "base/name", got {value!r}',
+    }
+
+    def to_internal_value(self, data: object) -> Variant:
+        variants = self.get_queryset()
+        if isinstance(data, int) and not isinstance(data, bool):
+            found = variants.filter(pk=data).first()
+        elif isinstance(data, str) and data.count("/") == 1:
+            base, name = data.split("/")
+            found = variants.filter(base__name=base, name=name).first()
+        else:
+            self.fail("invalid", value=data)
+        if found is None:
+            self.fail("missing", value=data)
+        return found
+
+    def to_representation(self, value: Variant) -> int:
+        return value.pk
+
+
+class InstanceSerializer(serializers.Serializer):
+    """One worker of a pool; what is left out is proposed (free ports, free devices)."""
+
+    node = serializers.SlugRelatedField(slug_field="name", queryset=Node.objects.all(),
+                                        required=False)
+    cpu_cores = serializers.CharField(required=False, allow_blank=True, max_length=200,
+                                      validators=[validate_core_list])
+    gpu_indices = serializers.CharField(required=False, allow_blank=True, max_length=200,
+                                        validators=[validate_core_list])
+    port = serializers.IntegerField(required=False, validators=[validate_port])
+    side_channel_port = serializers.IntegerField(required=False, allow_null=True,
+                                                 validators=[validate_port])
+    share_devices = serializers.BooleanField(required=False, default=False)
+
+
+class PoolSerializer(serializers.Serializer):
+    variant = VariantField(queryset=Variant.objects.select_related("base"))
+    instances = InstanceSerializer(many=True, allow_empty=False, max_length=MAX_INSTANCES)
+
+
+class RouterSerializer(serializers.Serializer):
+    port = serializers.IntegerField(required=False, validators=[validate_port])
+    policy = serializers.ChoiceField(choices=Deployment.RouterPolicy.choices, required=False)
+
+
+class PlanSerializer(serializers.ModelSerializer):
+    """A plan as written: its fields, its pools and its router, in one request."""
+
+    base_model = serializers.SlugRelatedField(slug_field="name", queryset=BaseModel.objects.all())
+    prefill = PoolSerializer(required=False)
+    decode = PoolSerializer(required=False)
+    colocated = PoolSerializer(required=False)
+    router = RouterSerializer(required=False)
+
+    class Meta:
+        model = Deployment
+        fields = ["name", "base_model", "served_model_name", "mode", "max_model_len",
+                  "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
+                  "kv_cache_dtype", "dtype", "engine_version", "sampling_defaults", "prefill",
+                  "decode", "colocated", "router"]
+
+    def validate_name(self, name: str) -> str:
+        if self.instance is not None and name != self.instance.name:
+            raise serializers.ValidationError(
+                "cannot be changed: it names the deployment's logs and KV directory")
+        return name
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        self.pools = pools = self._pools(attrs)
+        if pools is not None:
+            mode = attrs.get("mode", self.instance.mode if self.instance else Deployment.Mode.PD)
+            errors = pool_errors(mode, pools)
+            if errors:
+                raise serializers.ValidationError(errors)
+        return attrs
+
+    def _pools(self, attrs: dict[str, Any]) -> dict[str, PoolInput] | None:
+        """The pools the plan will have, or None when a partial update leaves them alone."""
+        given = {role: attrs[role] for role in POOL_FIELDS if role in attrs}
+        changes_mode = "mode" in attrs
+        if self.partial and not given and not changes_mode:
+            return None
+        pools = stored_pools(self.instance) if self.instance is not None and self.partial else {}
+        for role, pool in given.items():
+            pools[role] = PoolInput(variant=pool["variant"],
+                                    instances=[InstanceInput(**i) for i in pool["instances"]])
+        return pools
+
+    def to_plan_input(self) -> PlanInput:
+        data = dict(self.validated_data)
+        for role in POOL_FIELDS:
+            data.pop(role, None)
+        router = data.pop("router", {})
+        if "port" in router:
+            data["router_port"] = router["port"]
+        if "policy" in router:
+            data["router_policy"] = router["policy"]
+        return PlanInput(fields=data, pools=self.pools)

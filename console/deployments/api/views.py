@@ -1,30 +1,91 @@
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
-from rest_framework import status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.deployments.api.serializers import DeploymentSerializer
+from console.deployments import services
+from console.deployments.api.serializers import DeploymentSerializer, PlanSerializer
 from console.deployments.models import Deployment
-from console.deployments.services import request_state
+from console.deployments.plans import PlanInput
 
 
-class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
-    serializer_class = DeploymentSerializer
+def refused(exc: services.Refused) -> Response:
+    """409 with the check list: what the page shows too."""
+    return Response({"detail": str(exc), **exc.report.as_dict()}, status=status.HTTP_409_CONFLICT)
+
+
+def _save(plan: PlanInput, deployment: Deployment | None = None) -> tuple[Deployment, dict]:
+    try:
+        saved, report = services.save(plan, deployment)
+    except ValidationError as exc:
+        # Values only the model can judge (after proposals), keyed like the request's fields.
+        raise serializers.ValidationError(exc.message_dict) from exc
+    return saved, report.as_dict()
+
+
+class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
+                        viewsets.ReadOnlyModelViewSet):
+    """Plans: read, create and edit them; check, start and stop them. Deleting is not offered."""
 
     def get_queryset(self) -> QuerySet[Deployment]:
         return Deployment.objects.select_related("base_model").prefetch_related(
-            "workers__variant", "processes"
+            "workers__variant", "workers__node", "processes"
         )
+
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        if self.action in ("create", "update", "partial_update", "check"):
+            return PlanSerializer
+        return DeploymentSerializer
+
+    def _read(self, deployment: Deployment, **extra: object) -> dict:
+        fresh = self.get_queryset().get(pk=deployment.pk)
+        return {**DeploymentSerializer(fresh, context=self.get_serializer_context()).data, **extra}
+
+    def create(self, request: Request, *args: object, **kwargs: object) -> Response:
+        plan = self.get_serializer(data=request.data)
+        plan.is_valid(raise_exception=True)
+        deployment, checks = _save(plan.to_plan_input())
+        return Response(self._read(deployment, checks=checks), status=status.HTTP_201_CREATED)
+
+    def update(self, request: Request, *args: object, **kwargs: object) -> Response:
+        deployment = self.get_object()
+        plan = self.get_serializer(deployment, data=request.data, partial=kwargs.get("partial", False))
+        plan.is_valid(raise_exception=True)
+        try:
+            deployment, checks = _save(plan.to_plan_input(), deployment)
+        except services.Refused as exc:
+            return refused(exc)
+        return Response(self._read(deployment, checks=checks))
+
+    @action(detail=True, methods=["post"])
+    def check(self, request: Request, pk: str | None = None) -> Response:
+        """The checks of the stored plan; with a body, of the plan as that body would change it."""
+        deployment = self.get_object()
+        if not request.data:
+            return Response(services.check(deployment).as_dict())
+        plan = self.get_serializer(deployment, data=request.data, partial=True)
+        plan.is_valid(raise_exception=True)
+        try:
+            report = services.preview(plan.to_plan_input(), deployment)
+        except ValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from exc
+        return Response(report.as_dict())
 
     @action(detail=True, methods=["post"])
     def start(self, request: Request, pk: str | None = None) -> Response:
-        deployment = request_state(self.get_object(), Deployment.DesiredState.RUNNING)
-        return Response(self.get_serializer(deployment).data, status=status.HTTP_202_ACCEPTED)
+        deployment = self.get_object()
+        try:
+            report = services.start(deployment)
+        except services.Refused as exc:
+            return refused(exc)
+        return Response(self._read(deployment, checks=report.as_dict()),
+                        status=status.HTTP_202_ACCEPTED)
 
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str | None = None) -> Response:
-        deployment = request_state(self.get_object(), Deployment.DesiredState.STOPPED)
-        return Response(self.get_serializer(deployment).data, status=status.HTTP_202_ACCEPTED)
+        deployment = services.stop(self.get_object())
+        return Response(self._read(deployment), status=status.HTTP_202_ACCEPTED)
