@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from console.deployments.models import Deployment, WorkerPlan
 from console.supervisor.models import ManagedProcess
 from tests.console.passwords import OUTSIDER_PASSWORD, OWNER_PASSWORD
+from tests.console.tiny_models import make_startable
 
 TOKEN_URL = "/api/v1/auth/token/"
 LIST_URL = "/api/v1/deployments/"
@@ -210,6 +211,7 @@ def test_list_query_count_does_not_grow_with_deployments(api: APIClient,
 
 
 def test_start_records_the_wish_and_answers_202(api: APIClient, deployment: Deployment) -> None:
+    make_startable(deployment)  # start runs the pre-flight checks (tests/console/test_checks*.py)
     set_desired(deployment, Deployment.DesiredState.STOPPED)
     response = api.post(f"{detail_url(deployment)}start/")
     assert response.status_code == 202
@@ -227,8 +229,10 @@ def test_stop_records_the_wish_and_answers_202(api: APIClient, deployment: Deplo
     assert deployment.desired_state == Deployment.DesiredState.STOPPED
 
 
-def test_the_api_is_read_only_apart_from_start_and_stop(api: APIClient,
-                                                       deployment: Deployment) -> None:
+def test_deployments_cannot_be_deleted_or_renamed(api: APIClient, deployment: Deployment) -> None:
+    # Plans are edited over the API (tests/console/test_plans*.py); the name keys their logs.
     assert api.delete(detail_url(deployment)).status_code == 405
-    assert api.patch(detail_url(deployment), {"name": "renamed"}, format="json").status_code == 405
+    response = api.patch(detail_url(deployment), {"name": "renamed"}, format="json")
+    assert response.status_code == 400
+    assert "name" in response.json()
     assert Deployment.objects.filter(name="smollm2-1p1d").exists()

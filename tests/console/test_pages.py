@@ -11,6 +11,7 @@ from django.test import Client
 from console.deployments.models import Deployment
 from console.supervisor.models import ManagedProcess
 from tests.console.passwords import OWNER_PASSWORD
+from tests.console.tiny_models import make_startable
 
 State = ManagedProcess.State
 
@@ -138,6 +139,7 @@ def test_detail_page_without_processes_says_so(browser: Client, deployment: Depl
 
 def test_start_button_records_the_wish_and_redirects(browser: Client,
                                                      deployment: Deployment) -> None:
+    make_startable(deployment)  # start runs the pre-flight checks (tests/console/test_checks*.py)
     response = browser.post(f"{detail_path(deployment)}start/")
     assert response.status_code == 302
     assert response["Location"] == detail_path(deployment)
