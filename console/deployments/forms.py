@@ -15,6 +15,7 @@ from django.http import QueryDict
 
 from console.catalog.models import Variant
 from console.deployments.models import Deployment
+from console.deployments.placement import Ledger
 from console.deployments.plans import (
     MAX_INSTANCES,
     POOL_ROLES,
@@ -24,6 +25,7 @@ from console.deployments.plans import (
     stored_pools,
 )
 from console.fleet.models import Node
+from console.fleet.services import local_node
 from console.validators import validate_core_list, validate_port
 
 ROLES = ("prefill", "decode", "colocated")
@@ -85,12 +87,22 @@ InstanceFormSet = forms.formset_factory(InstanceForm, extra=0, can_delete=True,
                                         max_num=MAX_INSTANCES, validate_max=True)
 
 
-def _initial_instances(deployment: Deployment | None) -> dict[str, list[dict[str, Any]]]:
-    pools = stored_pools(deployment) if deployment is not None and deployment.pk else {}
+def _stored_instances(deployment: Deployment) -> dict[str, list[dict[str, Any]]]:
     return {role: [{"node": i.node, "cpu_cores": i.cpu_cores, "gpu_indices": i.gpu_indices,
                     "port": i.port, "side_channel_port": i.side_channel_port,
                     "share_devices": i.share_devices} for i in pool.instances]
-            for role, pool in pools.items()}
+            for role, pool in stored_pools(deployment).items()}
+
+
+def _proposed_start() -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """A new plan starts with one prefill and one decode on free ports and cores here."""
+    node = local_node()
+    ledger = Ledger.for_node(node, exclude=None)
+    instances = {role: [{"node": node, "cpu_cores": ledger.core(), "port": ledger.port(role),
+                         "side_channel_port": ledger.side_channel_port()}]
+                 for role in POOL_ROLES[Deployment.Mode.PD]}
+    plan = {"router_port": ledger.router_port(), "engine_version": node.engine_version}
+    return plan, instances
 
 
 class PlanEditor:
@@ -98,9 +110,14 @@ class PlanEditor:
 
     def __init__(self, data: QueryDict | None = None, deployment: Deployment | None = None) -> None:
         self.deployment = deployment
-        initial = _initial_instances(deployment)
+        if deployment is not None:
+            plan_initial, initial = {}, _stored_instances(deployment)
+        elif data is None:
+            plan_initial, initial = _proposed_start()
+        else:
+            plan_initial, initial = {}, {}
         variants = {w.role: w.variant_id for w in deployment.workers.all()} if deployment else {}
-        self.plan = PlanForm(data, instance=deployment)
+        self.plan = PlanForm(data, instance=deployment, initial=plan_initial)
         self.pools = {role: PoolForm(data, prefix=role, initial={"variant": variants.get(role)})
                       for role in ROLES}
         self.instances = {role: InstanceFormSet(data, prefix=f"{role}-instances",

@@ -14,6 +14,7 @@ from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
 
 ROLE_PORT_BASE = {"prefill": 8100, "decode": 8200, "colocated": 8100}
+ROUTER_PORT_BASE = 8080
 SIDE_CHANNEL_PORT_BASE = 5600
 MAX_PORT = 65535
 
@@ -63,6 +64,11 @@ class Ledger:
 
     def port(self, role: str) -> int:
         port = free_port(ROLE_PORT_BASE.get(role, 8100), self.ports, probe=self.node.is_local)
+        self.ports.add(port)
+        return port
+
+    def router_port(self) -> int:
+        port = free_port(ROUTER_PORT_BASE, self.ports, probe=self.node.is_local)
         self.ports.add(port)
         return port
 

@@ -69,6 +69,8 @@ def save_plan(data: PlanInput, deployment: Deployment | None = None) -> Deployme
     deployment = deployment or Deployment()
     for name, value in data.fields.items():
         setattr(deployment, name, value)
+    if deployment.pk is None and "router_port" not in data.fields:
+        deployment.router_port = _router_port(data)
     deployment.full_clean()
     deployment.save()
     if data.pools is not None:
@@ -77,6 +79,14 @@ def save_plan(data: PlanInput, deployment: Deployment | None = None) -> Deployme
             raise ValidationError(errors)
         _replace_workers(deployment, data.pools)
     return deployment
+
+
+def _router_port(data: PlanInput) -> int:
+    """A free router port on this machine, where the router runs."""
+    ledger = Ledger.for_node(local_node(), exclude=None)
+    ledger.ports |= {port for pool in (data.pools or {}).values() for i in pool.instances
+                     for port in (i.port, i.side_channel_port) if port}
+    return ledger.router_port()
 
 
 def _replace_workers(deployment: Deployment, pools: dict[str, PoolInput]) -> None:
@@ -94,6 +104,8 @@ def _replace_workers(deployment: Deployment, pools: dict[str, PoolInput]) -> Non
                              node=node)
                   for *_, i, n in placed if n.pk == node.pk]
         ledgers[node.pk] = Ledger.for_node(node, exclude=deployment, drafts=chosen)
+        if node.is_local:
+            ledgers[node.pk].ports.add(deployment.router_port)
     errors: dict[str, list[str]] = {}
     for role, index, instance, node in placed:
         ledger = ledgers[node.pk]

@@ -51,6 +51,13 @@ def test_the_fixture_plan_passes_every_check(plan: Deployment) -> None:
     assert {o.status for o in report.outcomes} <= {"pass", "warning"}
 
 
+def test_a_plan_without_workers_is_an_error(plan: Deployment) -> None:
+    plan.workers.all().delete()
+    report = run_checks(plan)
+    assert [(r.id, r.message) for r in report.errors] == [
+        ("plan.workers", "tiny-1p1d plans no workers")]
+
+
 # ---- model.same_base ------------------------------------------------------------------------
 
 

@@ -78,6 +78,18 @@ def test_a_plan_is_created_with_free_ports_and_devices_proposed(api: APIClient,
     assert [c["id"] for c in body["checks"]["checks"]][:2] == ["model.same_base", "model.path"]
 
 
+def test_the_router_port_is_proposed_too(api: APIClient, variant: Variant,
+                                         deployment: Deployment) -> None:
+    body = plan_body(variant)
+    del body["router"]
+    response = api.post(URL, body, format="json")
+    assert response.status_code == 201
+    router = response.json()["router"]["port"]
+    # The default deployment plans 8080; the new router and workers avoid each other.
+    assert router != deployment.router_port
+    assert router not in {w["port"] for w in response.json()["workers"]}
+
+
 def test_proposals_skip_ports_that_are_held_right_now(api: APIClient, variant: Variant) -> None:
     with socket.socket() as held:
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -244,6 +256,15 @@ def form_data(variant: Variant, node: Node, **changes: str) -> dict[str, str]:
                          f"{role}-instances-0-side_channel_port": str(free_port())})
     data.update(changes)
     return data
+
+
+def test_a_new_form_starts_with_one_prefill_and_one_decode_proposed(browser: Client,
+                                                                    deployment: Deployment) -> None:
+    html = browser.get("/deployments/new/").content.decode()
+    assert 'name="prefill-instances-TOTAL_FORMS" value="1"' in html
+    assert 'name="decode-instances-TOTAL_FORMS" value="1"' in html
+    assert 'name="prefill-instances-0-port" value="8100"' not in html  # the default plan's
+    assert 'name="router_port" value="8080"' not in html
 
 
 def test_the_form_creates_a_plan_and_shows_it(browser: Client, variant: Variant) -> None:
