@@ -43,8 +43,10 @@ class PoolInput:
 @dataclass
 class PlanInput:
     fields: dict[str, Any] = field(default_factory=dict)
-    # role -> pool; None keeps the stored pools (a partial update of plan fields only)
-    pools: dict[str, PoolInput] | None = None
+    # role -> pool, as given
+    pools: dict[str, PoolInput] = field(default_factory=dict)
+    # A partial update keeps the stored pools it does not give (those the plan's mode uses).
+    partial: bool = False
 
 
 def pool_errors(mode: str, pools: dict[str, PoolInput]) -> dict[str, str]:
@@ -67,24 +69,38 @@ def pool_errors(mode: str, pools: dict[str, PoolInput]) -> dict[str, str]:
 def save_plan(data: PlanInput, deployment: Deployment | None = None) -> Deployment:
     """Create or update a plan; raises ValidationError (keyed by field) and saves nothing then."""
     deployment = deployment or Deployment()
+    stored = stored_pools(deployment) if deployment.pk else {}
     for name, value in data.fields.items():
         setattr(deployment, name, value)
     if deployment.pk is None and "router_port" not in data.fields:
         deployment.router_port = _router_port(data)
     deployment.full_clean()
     deployment.save()
-    if data.pools is not None:
-        errors = pool_errors(deployment.mode, data.pools)
+    pools = _pools(data, deployment, stored)
+    if pools is not None:
+        errors = pool_errors(deployment.mode, pools)
         if errors:
             raise ValidationError(errors)
-        _replace_workers(deployment, data.pools)
+        _replace_workers(deployment, pools)
     return deployment
+
+
+def _pools(data: PlanInput, deployment: Deployment,
+           stored: dict[str, PoolInput]) -> dict[str, PoolInput] | None:
+    """The pools the plan will have; None when they stay as stored."""
+    if not data.partial:
+        return data.pools
+    if not data.pools and "mode" not in data.fields:
+        return None
+    kept = {role: pool for role, pool in stored.items()
+            if role in POOL_ROLES[Deployment.Mode(deployment.mode)]}
+    return {**kept, **data.pools}
 
 
 def _router_port(data: PlanInput) -> int:
     """A free router port on this machine, where the router runs."""
     ledger = Ledger.for_node(local_node(), exclude=None)
-    ledger.ports |= {port for pool in (data.pools or {}).values() for i in pool.instances
+    ledger.ports |= {port for pool in data.pools.values() for i in pool.instances
                      for port in (i.port, i.side_channel_port) if port}
     return ledger.router_port()
 

@@ -133,6 +133,22 @@ def test_a_plan_is_edited_with_put_and_patch(api: APIClient, variant: Variant) -
     assert [w["slot"] for w in put.json()["workers"]] == ["decode-0", "prefill-0"]
 
 
+def test_patching_the_mode_replaces_the_pools_it_no_longer_uses(api: APIClient,
+                                                               variant: Variant) -> None:
+    url = f"{URL}{api.post(URL, plan_body(variant), format='json').json()['id']}/"
+    before = counts()
+    response = api.patch(url, {"mode": "colocated"}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"colocated": ["a colocated plan needs at least one colocated "
+                                             "instance"]}
+    assert counts() == before
+
+    response = api.patch(url, {"mode": "colocated", "colocated": {
+        "variant": variant.pk, "instances": [{}]}}, format="json")
+    assert response.status_code == 200, response.content
+    assert [w["slot"] for w in response.json()["workers"]] == ["colocated-0"]
+
+
 def test_saving_a_running_plan_with_errors_is_refused_and_nothing_changes(
     api: APIClient, tmp_path: Path
 ) -> None:

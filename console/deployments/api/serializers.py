@@ -12,7 +12,6 @@ from console.deployments.plans import (
     PlanInput,
     PoolInput,
     pool_errors,
-    stored_pools,
 )
 from console.deployments.status import overall_state
 from console.fleet.models import Node
@@ -140,28 +139,17 @@ class PlanSerializer(serializers.ModelSerializer):
         return name
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        self.pools = pools = self._pools(attrs)
-        if pools is not None:
-            mode = attrs.get("mode", self.instance.mode if self.instance else Deployment.Mode.PD)
-            errors = pool_errors(mode, pools)
+        if not self.partial:
+            # A partial update is checked against the stored pools when it is saved.
+            mode = attrs.get("mode", Deployment.Mode.PD)
+            errors = pool_errors(mode, _pools(attrs))
             if errors:
                 raise serializers.ValidationError(errors)
         return attrs
 
-    def _pools(self, attrs: dict[str, Any]) -> dict[str, PoolInput] | None:
-        """The pools the plan will have, or None when a partial update leaves them alone."""
-        given = {role: attrs[role] for role in POOL_FIELDS if role in attrs}
-        changes_mode = "mode" in attrs
-        if self.partial and not given and not changes_mode:
-            return None
-        pools = stored_pools(self.instance) if self.instance is not None and self.partial else {}
-        for role, pool in given.items():
-            pools[role] = PoolInput(variant=pool["variant"],
-                                    instances=[InstanceInput(**i) for i in pool["instances"]])
-        return pools
-
     def to_plan_input(self) -> PlanInput:
         data = dict(self.validated_data)
+        pools = _pools(data)
         for role in POOL_FIELDS:
             data.pop(role, None)
         router = data.pop("router", {})
@@ -169,4 +157,10 @@ class PlanSerializer(serializers.ModelSerializer):
             data["router_port"] = router["port"]
         if "policy" in router:
             data["router_policy"] = router["policy"]
-        return PlanInput(fields=data, pools=self.pools)
+        return PlanInput(fields=data, pools=pools, partial=self.partial)
+
+
+def _pools(attrs: dict[str, Any]) -> dict[str, PoolInput]:
+    return {role: PoolInput(variant=attrs[role]["variant"],
+                            instances=[InstanceInput(**i) for i in attrs[role]["instances"]])
+            for role in POOL_FIELDS if role in attrs}
