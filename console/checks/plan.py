@@ -55,6 +55,15 @@ class PlanView:
             deployment=deployment, state__in=ManagedProcess.ALIVE_STATES))
         return cls(deployment, workers, neighbours, list(others), processes, local)
 
+    @classmethod
+    def workers_only(cls, deployment: Deployment) -> PlanView:
+        """The plan's own workers and nothing live (no discovery, no neighbours): for launching."""
+        workers = sorted(
+            deployment.workers.select_related("variant", "node"),
+            key=lambda w: (ROLE_ORDER.get(w.role, len(ROLE_ORDER)), w.index),
+        )
+        return cls(deployment, workers, [], [], [], Node.objects.local() or local_node())
+
     # ---- groups -----------------------------------------------------------------------------
     @property
     def is_pd(self) -> bool:

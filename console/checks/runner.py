@@ -74,4 +74,4 @@ def run_checks(deployment: Deployment) -> Report:
 
 def enforce_handshake_compat(deployment: Deployment) -> bool:
     """For the launch spec: whether NIXL's handshake hash check stays on (see nixl.compat)."""
-    return nixl.handshake_compat_enforced(PlanView.load(deployment))
+    return nixl.handshake_compat_enforced(PlanView.workers_only(deployment))
