@@ -94,7 +94,9 @@ class SharedStorageChannel(KVChannel):
 
     def transfer_config(self, endpoint: ChannelEndpoint) -> dict[str, object]:
         return {
-            "kv_connector": "ExampleConnector",
+            # ExampleConnector with a fix for one-token prompts (inference/kv_connectors).
+            "kv_connector": "PdserveSharedStorageConnector",
+            "kv_connector_module_path": "inference.kv_connectors.shared_storage",
             "kv_role": "kv_producer" if endpoint.role == "prefill" else "kv_consumer",
             "kv_connector_extra_config": {"shared_storage_path": str(self.path)},
         }

@@ -50,6 +50,15 @@ def worker_spec(deployment: Deployment, worker: WorkerPlan) -> WorkerSpec:
     )
 
 
+def transfer_block_tokens(workers: list[WorkerPlan]) -> int:
+    """Tokens in one KV block: vLLM's CPU backend uses 128, CUDA backends 16.
+
+    A prompt within one block has no whole block to hand over, so the router lets decode
+    compute it instead of paying a prefill round trip for nothing.
+    """
+    return 16 if any(worker.gpu_indices for worker in workers) else 128
+
+
 def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
     by_role: dict[str, list[WorkerPlan]] = {}
     for worker in workers:
@@ -65,6 +74,7 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
         "--kv-channel", deployment.kv_channel,
         "--host", deployment.router_host,
         "--port", str(deployment.router_port),
+        "--local-prefill-max-tokens", str(transfer_block_tokens(workers)),
     ]
     for role, flag in (("prefill", "--prefill"), ("decode", "--decode"), ("colocated", "--colocated")):
         for worker in by_role.get(role, []):

@@ -27,6 +27,9 @@ class RouterConfig:
     connect_timeout_s: float = 2.0
     health_interval_s: float = 1.0
     max_body_bytes: int = 4 * 1024 * 1024
+    # Prompts this short go straight to decode, which computes them itself: a KV channel moves
+    # whole blocks only, so a prompt within one block has nothing worth a hand-off. 0: never.
+    local_prefill_max_tokens: int = 0
 
     @property
     def mode(self) -> str:
@@ -41,6 +44,8 @@ class RouterConfig:
             raise ValueError(f"--kv-channel: unknown channel {self.kv_channel!r}")
         if self.max_model_len <= 0:
             raise ValueError(f"--max-model-len: must be positive, got {self.max_model_len}")
+        if self.local_prefill_max_tokens < 0:
+            raise ValueError("--local-prefill-max-tokens: must be 0 or more")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port: {self.port} is outside 1-65535")
 
@@ -74,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--health-interval", type=float, dest="health_interval_s",
                         default=_default("health_interval_s"))
     parser.add_argument("--max-body-bytes", type=int, default=_default("max_body_bytes"))
+    parser.add_argument("--local-prefill-max-tokens", type=int,
+                        default=_default("local_prefill_max_tokens"),
+                        help="prompts of at most this many tokens skip prefill and go straight "
+                             "to decode (0: every prompt goes through prefill)")
     return parser
 
 
@@ -94,6 +103,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         connect_timeout_s=args.connect_timeout_s,
         health_interval_s=args.health_interval_s,
         max_body_bytes=args.max_body_bytes,
+        local_prefill_max_tokens=args.local_prefill_max_tokens,
     )
     config.validate()
     return config

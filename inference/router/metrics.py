@@ -21,6 +21,7 @@ class RouterMetrics:
     backend_errors: Counter
     client_disconnects: Counter
     kv_handoffs: Counter
+    local_prefill: Counter
 
     @classmethod
     def create(cls) -> RouterMetrics:
@@ -67,5 +68,10 @@ class RouterMetrics:
                 "pdserve_router_kv_handoffs",
                 "Requests prefilled on one worker and decoded on another, by pair and outcome",
                 ["prefill", "decode", "outcome"], registry=registry,
+            ),
+            local_prefill=Counter(
+                "pdserve_router_local_prefill",
+                "Short prompts sent straight to decode, which prefilled them itself",
+                registry=registry,
             ),
         )

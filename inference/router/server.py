@@ -210,6 +210,10 @@ class Router:
                 # on the prefill worker until they time out. (ready(), not pick(): pick() would
                 # advance the round robin and skew the later real pick.)
                 raise NoBackendAvailable("decode", self.pools["decode"].backends)
+            if len(parsed.prompt_token_ids) <= self.config.local_prefill_max_tokens:
+                self.metrics.local_prefill.inc()
+                timeline.kv = {"local_prefill": True}
+                return await self._forward(request, "decode", parsed, parsed.body, timeline)
             decode_body = await self._prefill(parsed, timeline)
             return await self._forward(request, "decode", parsed, decode_body, timeline)
         except NoBackendAvailable as exc:

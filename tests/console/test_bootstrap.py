@@ -176,7 +176,7 @@ def test_process_specs_of_the_default_plan(model_dir: Path, settings: Any, tmp_p
         assert flag_value(spec.argv, "--model") == str(model_dir.resolve())
         assert flag_value(spec.argv, "--port") == str(spec.port)
         config = json.loads(flag_value(spec.argv, "--kv-transfer-config"))
-        assert config["kv_connector"] == "ExampleConnector"
+        assert config["kv_connector"] == "PdserveSharedStorageConnector"
         assert config["kv_role"] == kv_role
         # Both sides must read and write the same directory.
         assert config["kv_connector_extra_config"]["shared_storage_path"] == storage

@@ -146,6 +146,18 @@ def test_unknown_model_is_404(stack: Stack) -> None:
     assert "nope" in response.json()["error"]["message"]
 
 
+def test_one_token_prompts_keep_every_worker_alive(stack: Stack) -> None:
+    # vLLM's ExampleConnector asks to load -128 tokens for a one-token prompt once any short
+    # prompt was seen, and its engine dies; pdserve's connector subclass must prevent that.
+    body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}
+    for _ in range(3):
+        for url in (stack.router, "http://127.0.0.1:8100", "http://127.0.0.1:8200"):
+            assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    body = stack.deployment()
+    assert body["state"] == "ready"
+    assert all(p["restarts"] == 0 for p in body["processes"])
+
+
 def test_killed_decode_gives_503_then_supervisor_restarts_it(stack: Stack) -> None:
     decode = next(p for p in stack.deployment()["processes"] if p["slot"] == "decode-0")
     os.killpg(decode["pid"], signal.SIGKILL)

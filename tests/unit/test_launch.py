@@ -78,7 +78,8 @@ def test_shared_storage_transfer_config(tmp_path: Path, role: str, kv_role: str)
                                    kv_storage_path=str(tmp_path / "kv")))
     config = json.loads(value_of(argv, "--kv-transfer-config"))
     assert config == {
-        "kv_connector": "ExampleConnector",
+        "kv_connector": "PdserveSharedStorageConnector",
+        "kv_connector_module_path": "inference.kv_connectors.shared_storage",
         "kv_role": kv_role,
         "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "kv")},
     }

@@ -63,3 +63,23 @@ async def test_a_decode_dying_mid_stream_counts_a_failed_hand_off(
     assert await running.metric("pdserve_router_kv_handoffs_total",
                                 {"prefill": prefill.url, "decode": decode.url,
                                  "outcome": "failed"}) == 1
+
+
+async def test_a_prompt_within_one_block_goes_straight_to_decode(
+        start_router: StartRouter, make_stub: MakeStub, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pdserve.router.timeline")
+    prefill, decode = await make_stub("prefill"), await make_stub("decode")
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,),
+                                 kv_channel="shared-storage", local_prefill_max_tokens=4)
+    short = await running.client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "hello world", "max_tokens": 4})
+    assert short.status == 200
+    assert prefill.requests == [] and len(decode.requests) == 1
+    assert "kv_transfer_params" not in decode.requests[0].body
+    long = await running.client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "hello world the quick brown fox", "max_tokens": 4})
+    assert long.status == 200
+    assert len(prefill.requests) == 1 and len(decode.requests) == 2
+    assert await running.metric("pdserve_router_local_prefill_total", {}) == 1
+    assert [line["kv"] for line in timelines(caplog)][0] == {"local_prefill": True}
