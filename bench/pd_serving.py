@@ -120,7 +120,8 @@ async def ttft(client: httpx.AsyncClient, url: str, prompt: str) -> float:
     started = time.perf_counter()
     elapsed: float | None = None
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-        response.raise_for_status()
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: {response.status_code} {(await response.aread())[:300]!r}")
         async for line in response.aiter_lines():
             if elapsed is None and line.startswith("data: ") and line != "data: [DONE]":
                 if json.loads(line[6:]).get("choices"):
@@ -135,7 +136,8 @@ async def throughput(client: httpx.AsyncClient, url: str, streams: int, tokens: 
         body = {"model": "smollm2", "prompt": f"Story {i}: once upon a time", "max_tokens": tokens,
                 "ignore_eos": True, "temperature": 0}
         response = await client.post(f"{url}/v1/completions", json=body)
-        response.raise_for_status()
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: {response.status_code} {response.text[:300]}")
         return response.json()["usage"]["completion_tokens"]
 
     await one(999)  # warm-up
@@ -251,7 +253,11 @@ def main() -> int:
         print(table([single], None), flush=True)
         results = [single]
         for channel in args.channels.split(","):
-            results.append(run_pd(channel, args, workdir, prompts, fixed))
+            try:
+                results.append(run_pd(channel, args, workdir, prompts, fixed))
+            finally:
+                for log in workdir.glob(f"{channel}-*.log"):
+                    shutil.copy(log, Path(tempfile.gettempdir()) / f"pdserve-bench-{log.name}")
             print(table(results, single), flush=True)
         print("\n" + table(results, single))
     return 0
