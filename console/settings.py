@@ -123,6 +123,8 @@ else:
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        # kombu puts the broadcast (remote control) folder in the working directory otherwise.
+        "control_folder": str(_broker_dir / "control"),
     }
     CELERY_RESULT_BACKEND = f"file://{_broker_dir / 'results'}"
 

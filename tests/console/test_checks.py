@@ -279,7 +279,7 @@ def remote(db: None) -> Node:
     return Node.objects.create(name="gpu-b", address="10.0.0.2", cpu_ids=[0, 1, 2, 3],
                                memory_bytes=64 << 30, engine_package="vllm",
                                engine_version=local_node().engine_version,
-                               kv_connectors=["ExampleConnector", "NixlConnector"])
+                               kv_connectors=["PdserveSharedStorageConnector", "NixlConnector"])
 
 
 def test_engine_version_fails_for_a_node_with_another_vllm(plan: Deployment, remote: Node) -> None:
@@ -303,13 +303,13 @@ def test_engine_connector_needs_one_host_for_shared_storage(plan: Deployment, re
         outcome.results[0].message
     assert "use the nixl channel across hosts" in outcome.results[0].hint
 
-    Node.objects.filter(pk=remote.pk).update(kv_connectors=["ExampleConnector"])
+    Node.objects.filter(pk=remote.pk).update(kv_connectors=["PdserveSharedStorageConnector"])
     Deployment.objects.filter(pk=plan.pk).update(kv_channel="nixl")
     outcome = run(plan, "engine.connector")
     assert outcome.status == "error"
     assert "gpu-b cannot run NixlConnector" in outcome.results[0].message
 
-    Node.objects.filter(pk=remote.pk).update(kv_connectors=["ExampleConnector", "NixlConnector"])
+    Node.objects.filter(pk=remote.pk).update(kv_connectors=["PdserveSharedStorageConnector", "NixlConnector"])
     outcome = run(plan, "engine.connector")
     assert outcome.status == "pass"
     assert "prefill: NixlConnector as kv_producer; decode: NixlConnector as kv_consumer" in \

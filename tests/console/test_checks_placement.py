@@ -44,7 +44,7 @@ def plan(tmp_path: Path) -> Deployment:
 def remote(db: None) -> Node:
     return Node.objects.create(name="gpu-b", address="10.0.0.2", cpu_ids=[0, 1, 2, 3],
                                memory_bytes=64 << 30, engine_version=local_node().engine_version,
-                               kv_connectors=["ExampleConnector", "NixlConnector"])
+                               kv_connectors=["PdserveSharedStorageConnector", "NixlConnector"])
 
 
 @pytest.fixture

