@@ -19,7 +19,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["console.catalog"])
 
 # The filesystem transport expects its folders to exist, in the sender as in the worker.
-for _key in ("data_folder_in", "data_folder_out", "processed_folder"):
+for _key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
     _folder = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}).get(_key)
     if _folder:
         Path(_folder).mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from console.checks.runner import enforce_handshake_compat
 from console.deployments.models import Deployment, WorkerPlan
 from inference.kv_channels import KVChannel, make_channel
 from inference.launch import WorkerSpec, build_command
@@ -30,7 +31,8 @@ def kv_channel(deployment: Deployment) -> KVChannel:
     return make_channel(deployment.kv_channel, storage_path=kv_storage_path(deployment))
 
 
-def worker_spec(deployment: Deployment, worker: WorkerPlan) -> WorkerSpec:
+def worker_spec(deployment: Deployment, worker: WorkerPlan,
+                handshake_compat: bool = True) -> WorkerSpec:
     return WorkerSpec(
         role=worker.role,
         model_path=worker.variant.path,
@@ -44,18 +46,23 @@ def worker_spec(deployment: Deployment, worker: WorkerPlan) -> WorkerSpec:
         cpu_cores=worker.core_tuple(),
         gpu_indices=worker.gpu_tuple(),
         kv_cache_gib=deployment.kv_cache_gib,
+        block_size=deployment.block_size,
+        kv_cache_dtype=deployment.kv_cache_dtype,
+        enforce_handshake_compat=handshake_compat,
         dtype=deployment.dtype,
         sampling_defaults=dict(deployment.sampling_defaults or {}),
         data_dir=str(settings.DATA_DIR),
     )
 
 
-def transfer_block_tokens(workers: list[WorkerPlan]) -> int:
-    """Tokens in one KV block: vLLM's CPU backend uses 128, CUDA backends 16.
+def transfer_block_tokens(deployment: Deployment, workers: list[WorkerPlan]) -> int:
+    """Tokens in one KV block: the plan's, else vLLM's default (128 on CPU, 16 on CUDA).
 
     A prompt within one block has no whole block to hand over, so the router lets decode
     compute it instead of paying a prefill round trip for nothing.
     """
+    if deployment.block_size:
+        return deployment.block_size
     return 16 if any(worker.gpu_indices for worker in workers) else 128
 
 
@@ -74,7 +81,7 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
         "--kv-channel", deployment.kv_channel,
         "--host", deployment.router_host,
         "--port", str(deployment.router_port),
-        "--local-prefill-max-tokens", str(transfer_block_tokens(workers)),
+        "--local-prefill-max-tokens", str(transfer_block_tokens(deployment, workers)),
     ]
     for role, flag in (("prefill", "--prefill"), ("decode", "--decode"), ("colocated", "--colocated")):
         for worker in by_role.get(role, []):
@@ -83,10 +90,12 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
 
 
 def process_specs(deployment: Deployment) -> list[ProcessSpec]:
-    workers = list(deployment.workers.select_related("variant").order_by("role", "index"))
+    workers = list(deployment.workers.select_related("variant", "node").order_by("role", "index"))
+    # NIXL's path check goes off only where the plan checks proved the caches compatible.
+    handshake_compat = enforce_handshake_compat(deployment)
     specs = []
     for worker in workers:
-        argv, env = build_command(worker_spec(deployment, worker))
+        argv, env = build_command(worker_spec(deployment, worker, handshake_compat))
         specs.append(ProcessSpec(slot=worker.slot, role=worker.role, port=worker.port,
                                  argv=argv, env=env))
     router_env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

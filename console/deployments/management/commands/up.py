@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.deployments import services
 from console.deployments.defaults import DEFAULT_DEPLOYMENT
 from console.deployments.models import Deployment
 from console.supervisor.models import ManagedProcess
@@ -33,9 +34,14 @@ class Command(BaseCommand):
         call_command("bootstrap", stdout=self.stdout)
         deployment = Deployment.objects.get(name=DEFAULT_DEPLOYMENT)
         if not options["no_start"]:
-            Deployment.objects.filter(pk=deployment.pk).update(
-                desired_state=Deployment.DesiredState.RUNNING
-            )
+            try:
+                services.start(deployment)
+            except services.Refused as refused:
+                # The same pre-flight checks as the Start button: say what is wrong and stop.
+                for finding in refused.report.errors:
+                    self.stderr.write(f"pdserve: [{finding.id}] {finding.message}\n"
+                                      f"         fix: {finding.hint}")
+                raise CommandError(f"{deployment.name}: {refused}") from refused
         started = time.monotonic()
         host, port = settings.PDSERVE_CONSOLE_HOST, settings.PDSERVE_CONSOLE_PORT
         children = [
@@ -43,6 +49,13 @@ class Command(BaseCommand):
             subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host,
                  "--port", str(port), "--no-access-log", "--lifespan", "off"],
+                cwd=settings.BASE_DIR,
+            ),
+            # Background jobs (variant hashing): the same Celery code path with or without Redis.
+            subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "console.celery", "worker", "--pool", "solo",
+                 "--concurrency", "1", "--loglevel", "WARNING", "--without-gossip",
+                 "--without-mingle", "--without-heartbeat"],
                 cwd=settings.BASE_DIR,
             ),
         ]
@@ -60,7 +73,8 @@ class Command(BaseCommand):
         try:
             while not self.stopping:
                 if any(child.poll() is not None for child in children):
-                    self.stderr.write("pdserve: the console or the supervisor exited; stopping")
+                    self.stderr.write("pdserve: the console, the supervisor or the job worker "
+                                      "exited; stopping")
                     break
                 self._report_progress(deployment, seen, time.monotonic() - started)
                 if not announced and _router_ready(deployment.router_url):
