@@ -3,16 +3,22 @@
 Each backend owns one pooled aiohttp session, so connections to a worker are reused across
 requests. Health is both active (a probe of ``/health``) and passive (a connection error marks
 the backend down at once, so the next request does not wait for the next probe).
+
+Pools change at run time (the admin API): a removed backend leaves the pool at once, so no new
+request picks it, and is *drained*: its session stays open until its last in-flight request has
+finished, then closes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
+
+from inference.router.policies import Choice, LeastOutstanding, Policy
 
 
 @dataclass(eq=False)
@@ -25,6 +31,9 @@ class Backend:
     last_error: str = ""
     slow_probes: int = 0
     last_change: float = field(default_factory=time.monotonic)
+    # Removed from its pool; finishing the requests it already has.
+    draining: bool = False
+    _idle: asyncio.Event | None = field(default=None, repr=False)
 
     def mark(self, healthy: bool, error: str = "") -> None:
         if healthy != self.healthy:
@@ -37,51 +46,94 @@ class Backend:
             raise RuntimeError(f"backend {self.url} used before the router started")
         return self.session
 
+    def open(self, connect_timeout_s: float) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=30)
+        self.session = aiohttp.ClientSession(
+            base_url=self.url,
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+            auto_decompress=False,
+        )
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    # Callers take a backend from Pool.pick and acquire it with no await in between, so a
+    # drain that starts meanwhile always sees the request in in_flight.
+    def acquire(self) -> None:
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def drain(self) -> None:
+        """Wait for the in-flight requests to finish, then close the session."""
+        self.draining = True
+        if self.in_flight:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+        await self.close()
+
 
 class NoBackendAvailable(Exception):
-    def __init__(self, role: str, backends: list[Backend]):
+    def __init__(self, role: str, backends: Sequence[Backend]):
         self.role = role
         detail = "; ".join(f"{b.url}: {b.last_error or 'not ready'}" for b in backends) or "none configured"
         super().__init__(f"no ready {role} worker ({detail})")
 
 
 class Pool:
-    """The backends of one role; picks a ready backend by least in-flight, then round robin."""
+    """The backends of one role; its policy (least_outstanding unless given) picks among the
+    ready ones."""
 
-    def __init__(self, role: str, urls: tuple[str, ...]):
+    def __init__(self, role: str, urls: tuple[str, ...], policy: Policy | None = None):
         self.role = role
+        self.policy = policy or LeastOutstanding()
         self.backends = [Backend(url=url, role=role) for url in urls]
-        self._turn = itertools.count()
+        self.draining: list[Backend] = []
 
     def ready(self) -> list[Backend]:
         return [b for b in self.backends if b.healthy]
 
-    def pick(self) -> Backend:
-        ready = self.ready()
+    def pick(self, prompt_token_ids: Sequence[int] = (), exclude: Backend | None = None) -> Choice:
+        """The policy's choice among the ready backends other than ``exclude`` (a backend that
+        just failed this request)."""
+        ready = [b for b in self.backends if b.healthy and b is not exclude]
         if not ready:
-            raise NoBackendAvailable(self.role, self.backends)
-        fewest = min(b.in_flight for b in ready)
-        candidates = [b for b in ready if b.in_flight == fewest]
-        return candidates[next(self._turn) % len(candidates)]
+            others = [b for b in self.backends if b is not exclude]
+            raise NoBackendAvailable(self.role, others)
+        return self.policy.choose(ready, prompt_token_ids)
+
+    def find(self, url: str) -> Backend | None:
+        return next((b for b in self.backends if b.url == url), None)
+
+    def add(self, url: str) -> Backend:
+        if self.find(url) is not None:
+            raise ValueError(f"{url} is already a {self.role} backend")
+        backend = Backend(url=url, role=self.role)
+        self.backends.append(backend)
+        return backend
+
+    def remove(self, backend: Backend) -> None:
+        """Take ``backend`` out of rotation; the caller drains it."""
+        self.backends.remove(backend)
+        backend.draining = True
+        self.draining.append(backend)
 
 
 async def open_sessions(pools: list[Pool], connect_timeout_s: float) -> None:
     for pool in pools:
         for backend in pool.backends:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=30)
-            backend.session = aiohttp.ClientSession(
-                base_url=backend.url,
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
-                auto_decompress=False,
-            )
+            backend.open(connect_timeout_s)
 
 
 async def close_sessions(pools: list[Pool]) -> None:
     for pool in pools:
-        for backend in pool.backends:
-            if backend.session is not None:
-                await backend.session.close()
+        for backend in [*pool.backends, *pool.draining]:
+            await backend.close()
 
 
 # A busy worker (say, a long prefill on a saturated core) can miss a probe's deadline while it
@@ -91,6 +143,9 @@ SLOW_PROBES_TO_FAIL = 3
 
 
 async def probe(backend: Backend, timeout_s: float) -> None:
+    if backend.draining:
+        # Its session may be closed by now; a removed backend's health no longer matters.
+        return
     try:
         async with backend.client().get(
             "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
@@ -109,6 +164,7 @@ async def probe(backend: Backend, timeout_s: float) -> None:
 
 async def probe_forever(pools: list[Pool], interval_s: float) -> None:
     while True:
+        # The member lists are read afresh each round: the admin API changes them at run time.
         await asyncio.gather(
             *(probe(b, timeout_s=max(interval_s, 0.5)) for pool in pools for b in pool.backends)
         )

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from inference.kv_channels import CHANNEL_NAMES
+from inference.router.policies import POLICY_NAMES
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,16 @@ class RouterConfig:
     # Prompts this short go straight to decode, which computes them itself: a KV channel moves
     # whole blocks only, so a prompt within one block has nothing worth a hand-off. 0: never.
     local_prefill_max_tokens: int = 0
+    # Routing policy per role (see inference/router/policies/).
+    prefill_policy: str = "least_outstanding"
+    decode_policy: str = "least_outstanding"
+    colocated_policy: str = "least_outstanding"
+    # prefix_aware keys a prompt by its first `prefix_blocks` KV blocks of `prefix_block_size`
+    # tokens. The block size should be the workers' (vLLM's CPU backend uses 128).
+    prefix_block_size: int = 128
+    prefix_blocks: int = 1
+    # Bearer token of the admin API (/admin/*); None switches the admin API off.
+    admin_token: str | None = field(default=None, repr=False)
 
     @property
     def mode(self) -> str:
@@ -48,6 +59,18 @@ class RouterConfig:
             raise ValueError("--local-prefill-max-tokens: must be 0 or more")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port: {self.port} is outside 1-65535")
+        for flag, policy in (("--prefill-policy", self.prefill_policy),
+                             ("--decode-policy", self.decode_policy),
+                             ("--colocated-policy", self.colocated_policy)):
+            if policy not in POLICY_NAMES:
+                raise ValueError(f"{flag}: unknown policy {policy!r} (one of {', '.join(POLICY_NAMES)})")
+        if self.prefix_block_size < 1:
+            raise ValueError("--prefix-block-size: must be positive")
+        if self.prefix_blocks < 1:
+            raise ValueError("--prefix-blocks: must be positive")
+        if self.admin_token is not None and self.admin_token == self.api_key:
+            # Otherwise every inference client could reconfigure the pools.
+            raise ValueError("PDSERVE_ROUTER_ADMIN_TOKEN must differ from PDSERVE_API_KEY")
 
 
 def _default(name: str) -> object:
@@ -83,6 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
                         default=_default("local_prefill_max_tokens"),
                         help="prompts of at most this many tokens skip prefill and go straight "
                              "to decode (0: every prompt goes through prefill)")
+    for role in ("prefill", "decode", "colocated"):
+        parser.add_argument(f"--{role}-policy", choices=list(POLICY_NAMES),
+                            default=_default(f"{role}_policy"),
+                            help=f"how a {role} worker is chosen for each request")
+    parser.add_argument("--prefix-block-size", type=int, default=_default("prefix_block_size"),
+                        help="KV block size of the workers, in tokens (for prefix_aware)")
+    parser.add_argument("--prefix-blocks", type=int, default=_default("prefix_blocks"),
+                        help="prefix_aware routes by a hash of this many whole blocks of the prompt")
     return parser
 
 
@@ -104,6 +135,12 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         health_interval_s=args.health_interval_s,
         max_body_bytes=args.max_body_bytes,
         local_prefill_max_tokens=args.local_prefill_max_tokens,
+        prefill_policy=args.prefill_policy,
+        decode_policy=args.decode_policy,
+        colocated_policy=args.colocated_policy,
+        prefix_block_size=args.prefix_block_size,
+        prefix_blocks=args.prefix_blocks,
+        admin_token=os.environ.get("PDSERVE_ROUTER_ADMIN_TOKEN") or None,
     )
     config.validate()
     return config

@@ -22,6 +22,8 @@ class RouterMetrics:
     client_disconnects: Counter
     kv_handoffs: Counter
     local_prefill: Counter
+    policy_decisions: Counter
+    retries: Counter
 
     @classmethod
     def create(cls) -> RouterMetrics:
@@ -74,4 +76,23 @@ class RouterMetrics:
                 "Short prompts sent straight to decode, which prefilled them itself",
                 registry=registry,
             ),
+            policy_decisions=Counter(
+                "pdserve_router_policy_decisions",
+                "Backends chosen, by role, routing policy and why (e.g. prefix_hit, prefix_miss, "
+                "overloaded_fallback, short_prompt; picked for policies without alternatives)",
+                ["role", "policy", "outcome"], registry=registry,
+            ),
+            retries=Counter(
+                "pdserve_router_retries",
+                "Requests retried on another backend after a failure before any token, by role",
+                ["role"], registry=registry,
+            ),
         )
+
+    def decision(self, role: str, policy: str, outcome: str) -> None:
+        self.policy_decisions.labels(role, policy, outcome).inc()
+
+    def forget_backend(self, role: str, url: str) -> None:
+        """Drop a removed backend's gauges, so a scrape does not show it forever."""
+        self.backend_up.remove(role, url)
+        self.in_flight.remove(role, url)

@@ -20,16 +20,19 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference.kv_channels import uses_transfer_params
+from inference.router.admin import AdminAPI
 from inference.router.backends import (
     Backend,
     NoBackendAvailable,
     Pool,
     close_sessions,
     open_sessions,
+    probe,
     probe_forever,
 )
 from inference.router.config import RouterConfig, build_parser, config_from_args
 from inference.router.metrics import RouterMetrics
+from inference.router.policies import make_policy
 from inference.router.prompts import ParsedRequest, PromptChecker, RequestError
 from inference.router.timeline import Timeline
 
@@ -49,9 +52,15 @@ NIXL_PREFILL_PARAMS = {
 
 
 class BackendFailure(Exception):
-    def __init__(self, role: str, backend: Backend, detail: str):
+    """A backend failed a request. ``retriable``: the failure happened before anything reached
+    the client and the call can be repeated elsewhere."""
+
+    def __init__(self, role: str, backend: Backend, detail: str, retriable: bool = False):
         super().__init__(f"{role} worker {backend.url} failed: {detail}")
         self.role = role
+        self.backend = backend
+        self.detail = detail
+        self.retriable = retriable
 
 
 def error_response(status: int, message: str, request_id: str, param: str | None = None,
@@ -68,13 +77,17 @@ class Router:
         self.metrics = RouterMetrics.create()
         self.channel_uses_params = uses_transfer_params(config.kv_channel)
         if config.mode == "colocated":
-            self.pools = {"colocated": Pool("colocated", config.colocated_urls)}
+            members = {"colocated": (config.colocated_urls, config.colocated_policy)}
         else:
-            self.pools = {
-                "prefill": Pool("prefill", config.prefill_urls),
-                "decode": Pool("decode", config.decode_urls),
-            }
+            members = {"prefill": (config.prefill_urls, config.prefill_policy),
+                       "decode": (config.decode_urls, config.decode_policy)}
+        self.pools = {
+            role: Pool(role, urls, make_policy(policy, prefix_block_size=config.prefix_block_size,
+                                               prefix_blocks=config.prefix_blocks))
+            for role, (urls, policy) in members.items()
+        }
         self._probe_task: asyncio.Task[None] | None = None
+        self._drains: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self, _app: web.Application) -> None:
@@ -84,10 +97,10 @@ class Router:
         )
 
     async def stop(self, _app: web.Application) -> None:
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        for task in [*self._drains, *([self._probe_task] if self._probe_task else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
+                await task
         await close_sessions(list(self.pools.values()))
 
     def app(self) -> web.Application:
@@ -99,7 +112,43 @@ class Router:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        AdminAPI(self, self.config.admin_token).add_routes(app)
         return app
+
+    # ---- pools at run time (the admin API calls these) -------------------------------
+    async def add_backend(self, role: str, url: str) -> Backend:
+        """Add a member to ``role``'s pool; it takes requests once a probe finds it healthy.
+        Raises ValueError if it is a member already."""
+        backend = self.pools[role].add(url)
+        backend.open(self.config.connect_timeout_s)
+        # Probe now rather than at the next round, so the caller learns at once whether the
+        # new member is reachable, and a healthy one serves from the next request on.
+        await probe(backend, timeout_s=max(self.config.connect_timeout_s, 0.5))
+        log.info("%s backend %s added (%s)", role, url,
+                 "ready" if backend.healthy else f"not ready: {backend.last_error}")
+        return backend
+
+    def remove_backend(self, role: str, url: str) -> Backend:
+        """Take a member out of rotation now and close it once its requests have finished.
+        Raises KeyError if ``url`` is not a member."""
+        pool = self.pools[role]
+        backend = pool.find(url)
+        if backend is None:
+            raise KeyError(url)
+        pool.remove(backend)
+        task = asyncio.create_task(self._drain(pool, backend))
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+        log.info("%s backend %s removed; draining %d in-flight requests", role, url,
+                 backend.in_flight)
+        return backend
+
+    async def _drain(self, pool: Pool, backend: Backend) -> None:
+        await backend.drain()
+        pool.draining.remove(backend)
+        if pool.find(backend.url) is None:
+            self.metrics.forget_backend(pool.role, backend.url)
+        log.info("%s backend %s drained and closed", pool.role, backend.url)
 
     # ---- plain endpoints -------------------------------------------------------------
     async def health(self, _request: web.Request) -> web.Response:
@@ -125,6 +174,9 @@ class Router:
         for role, pool in self.pools.items():
             for backend in pool.backends:
                 self.metrics.backend_up.labels(role, backend.url).set(1 if backend.healthy else 0)
+                self.metrics.in_flight.labels(role, backend.url).set(backend.in_flight)
+            for backend in pool.draining:
+                self.metrics.backend_up.labels(role, backend.url).set(0)
                 self.metrics.in_flight.labels(role, backend.url).set(backend.in_flight)
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -214,8 +266,9 @@ class Router:
                 self.metrics.local_prefill.inc()
                 timeline.kv = {"local_prefill": True}
                 return await self._forward(request, "decode", parsed, parsed.body, timeline)
-            decode_body = await self._prefill(parsed, timeline)
-            return await self._forward(request, "decode", parsed, decode_body, timeline)
+            decode_body, handoff_from = await self._prefill(parsed, timeline)
+            return await self._forward(request, "decode", parsed, decode_body, timeline,
+                                       handoff_from=handoff_from)
         except NoBackendAvailable as exc:
             timeline.error = str(exc)
             return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
@@ -226,8 +279,16 @@ class Router:
             timeline.error = f"worker answered {exc.response.status}"
             return exc.response
 
-    async def _prefill(self, parsed: ParsedRequest, timeline: Timeline) -> dict[str, Any]:
-        """Run the prompt on a prefill worker; return the body to send to decode."""
+    def _pick(self, role: str, prompt_token_ids: list[int], exclude: Backend | None = None) -> Backend:
+        pool = self.pools[role]
+        choice = pool.pick(prompt_token_ids, exclude)
+        self.metrics.decision(role, pool.policy.name, choice.outcome)
+        return choice.backend
+
+    async def _prefill(self, parsed: ParsedRequest,
+                       timeline: Timeline) -> tuple[dict[str, Any], str | None]:
+        """Run the prompt on a prefill worker. Returns the body to send to decode and the
+        prefill worker whose KV decode is to load (None when decode computes the prompt)."""
         body = dict(parsed.body)
         for key in ("stream_options", "min_tokens", "n", "best_of"):
             body.pop(key, None)
@@ -237,12 +298,16 @@ class Router:
         if self.channel_uses_params:
             body["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
 
-        pool = self.pools["prefill"]
-        backend = pool.pick()
+        backend = self._pick("prefill", parsed.prompt_token_ids)
         timeline.prefill = backend.url
         timeline.mark("prefill_dispatched")
         started = time.perf_counter()
-        data = await self._call_json(backend, PATHS[parsed.endpoint], body, timeline.request_id)
+        try:
+            data = await self._call_json(backend, PATHS[parsed.endpoint], body, timeline.request_id)
+        except BackendFailure as failure:
+            if not failure.retriable:
+                raise
+            data = await self._retry_prefill(parsed, body, failure, timeline)
         self.metrics.prefill_seconds.observe(time.perf_counter() - started)
         timeline.mark("prefill_done")
 
@@ -254,7 +319,7 @@ class Router:
                            ("remote_engine_id", "remote_num_tokens", "remote_prefill_cached_tokens")}
         if prefill_ids is None:
             self.metrics.pd_fallback.labels("no_prompt_token_ids").inc()
-            return decode_body
+            return decode_body, None
         if parsed.endpoint == "completions":
             # Token ids in, so decode's prompt is exactly what prefill computed.
             decode_body["prompt"] = prefill_ids
@@ -266,23 +331,55 @@ class Router:
             log.warning("request %s: prefill tokens differ from the router's; decode recomputes",
                         timeline.request_id)
             timeline.kv["fallback"] = "token_mismatch"
-            return decode_body
+            return decode_body, None
         if self.channel_uses_params:
             if not kv_params:
                 self.metrics.pd_fallback.labels("no_kv_params").inc()
-                return decode_body
+                return decode_body, None
             decode_body["kv_transfer_params"] = kv_params
-        return decode_body
+        return decode_body, timeline.prefill
+
+    async def _retry_prefill(self, parsed: ParsedRequest, body: dict[str, Any],
+                             failure: BackendFailure, timeline: Timeline) -> dict[str, Any]:
+        """Once, on another ready prefill worker. Safe: the client has received nothing yet,
+        and a one-token prefill has no effect a second run could repeat."""
+        first = failure.backend
+        try:
+            backend = self._pick("prefill", parsed.prompt_token_ids, exclude=first)
+        except NoBackendAvailable:
+            raise BackendFailure("prefill", first,
+                                 f"{failure.detail}; no other ready prefill worker to retry on"
+                                 ) from failure
+        self.metrics.retries.labels("prefill").inc()
+        log.warning("request %s: prefill worker %s failed (%s); retrying on %s",
+                    timeline.request_id, first.url, failure.detail, backend.url)
+        timeline.retried_from = first.url
+        timeline.prefill = backend.url
+        timeline.mark("prefill_retried")
+        try:
+            return await self._call_json(backend, PATHS[parsed.endpoint], body, timeline.request_id)
+        except BackendFailure as second:
+            raise BackendFailure(
+                "prefill", backend,
+                f"{second.detail} (retried after prefill worker {first.url} failed: {failure.detail})",
+            ) from second
 
     async def _call_json(self, backend: Backend, path: str, body: dict[str, Any],
                          request_id: str) -> dict[str, Any]:
-        backend.in_flight += 1
+        backend.acquire()
         try:
             async with backend.client().post(
                 path, json=body, headers={"X-Request-Id": request_id},
                 timeout=self._timeout(),
             ) as upstream:
                 payload = await upstream.read()
+                if upstream.status >= 500:
+                    # A server error before any token (a crashed engine, an internal error):
+                    # worth trying on another worker; the worker itself may well be healthy.
+                    self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}").inc()
+                    raise BackendFailure(backend.role, backend,
+                                         f"answered {upstream.status}: {_upstream_message(payload)}",
+                                         retriable=True)
                 if upstream.status != 200:
                     raise _UpstreamError(_relay(upstream.status, payload, upstream, request_id))
                 try:
@@ -297,18 +394,22 @@ class Router:
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
             self._backend_failed(backend, exc)
-            raise BackendFailure(backend.role, backend, _describe(exc)) from exc
+            raise BackendFailure(backend.role, backend, _describe(exc),
+                                 retriable=_worth_another_try(exc)) from exc
         finally:
-            backend.in_flight -= 1
+            backend.release()
 
     async def _forward(self, request: web.Request, role: str, parsed: ParsedRequest,
-                       body: dict[str, Any], timeline: Timeline) -> web.StreamResponse:
+                       body: dict[str, Any], timeline: Timeline,
+                       handoff_from: str | None = None) -> web.StreamResponse:
+        """Send the request to one worker of ``role`` and relay its answer, streamed or not.
+        ``handoff_from``: the prefill worker whose KV cache decode must load."""
         request_id = timeline.request_id
-        backend = self.pools[role].pick()
+        backend = self._pick(role, parsed.prompt_token_ids)
         if role == "decode":
             timeline.decode = backend.url
         timeline.mark("decode_dispatched")
-        backend.in_flight += 1
+        backend.acquire()
         try:
             async with backend.client().post(
                 PATHS[parsed.endpoint], json=body, headers={"X-Request-Id": request_id},
@@ -316,6 +417,9 @@ class Router:
             ) as upstream:
                 if upstream.status != 200 or not parsed.stream:
                     payload = await upstream.read()
+                    if upstream.status >= 500 and handoff_from is not None:
+                        return self._handoff_failed(backend, handoff_from, upstream.status, payload,
+                                                    timeline)
                     self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
                         timeline.since_arrival())
                     timeline.mark("first_token")
@@ -360,7 +464,19 @@ class Router:
             self._backend_failed(backend, exc)
             raise BackendFailure(role, backend, _describe(exc)) from exc
         finally:
-            backend.in_flight -= 1
+            backend.release()
+
+    def _handoff_failed(self, backend: Backend, prefill_url: str, status: int, payload: bytes,
+                        timeline: Timeline) -> web.Response:
+        # vLLM answers 500 (after its ~5 s KV load timeout) when decode cannot load the blocks
+        # prefill announced: stale or expired transfer params, a prefill that died meanwhile.
+        # Its message alone reads like a decode bug; say which hand-off failed.
+        message = (f"KV hand-off failed: decode worker {backend.url} could not use the KV cache "
+                   f"prefilled by {prefill_url} (decode answered {status}: "
+                   f"{_upstream_message(payload)})")
+        self.metrics.backend_errors.labels("decode", "kv_handoff").inc()
+        timeline.error = message
+        return error_response(502, message, timeline.request_id, code="kv_handoff_failed")
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=self.config.request_timeout_s,
@@ -407,6 +523,30 @@ def _prompt_token_ids(endpoint: str, data: dict[str, Any]) -> list[int] | None:
         choices = data.get("choices") or [{}]
         ids = choices[0].get("prompt_token_ids")
     return list(ids) if isinstance(ids, list) else None
+
+
+def _upstream_message(payload: bytes, limit: int = 500) -> str:
+    """The message of a worker's error body (OpenAI or FastAPI shape), else its start."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        nested = error.get("message") if isinstance(error, dict) else error
+        for message in (nested, data.get("message"), data.get("detail")):
+            if isinstance(message, str) and message:
+                return message[:limit]
+    return payload[:limit].decode("utf-8", "replace") or "(empty body)"
+
+
+def _worth_another_try(exc: BaseException) -> bool:
+    # A refused, reset or broken connection may well work on another worker. A request that
+    # used up its time budget must not take as long again; but a connect timeout never reached
+    # the worker, so it is no such case.
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return True
+    return not isinstance(exc, TimeoutError)
 
 
 def _describe(exc: BaseException) -> str:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Steps in the order they happen; each is stored as ms since the request arrived.
-EVENTS = ("received", "prefill_dispatched", "prefill_done", "decode_dispatched", "first_token",
-          "last_token")
+EVENTS = ("received", "prefill_dispatched", "prefill_retried", "prefill_done", "decode_dispatched",
+          "first_token", "last_token")
 
 
 @dataclass
@@ -26,6 +26,8 @@ class Timeline:
     events: dict[str, float] = field(default_factory=dict)
     prefill: str | None = None
     decode: str | None = None
+    # The prefill worker that failed before `prefill` was tried instead.
+    retried_from: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     stream_chunks: int = 0
@@ -54,6 +56,7 @@ class Timeline:
             "events_ms": self.events,
             "prefill": self.prefill,
             "decode": self.decode,
+            "retried_from": self.retried_from,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "stream_chunks": self.stream_chunks,
