@@ -145,7 +145,8 @@ class Supervisor:
         self.prepared &= {d.pk for d in running}
         for deployment in running:
             specs = process_specs(deployment)
-            if deployment.pk not in self.prepared:
+            fresh_start = deployment.pk not in self.prepared
+            if fresh_start:
                 kv_channel(deployment).prepare()
                 self.prepared.add(deployment.pk)
             for spec in specs:
@@ -155,7 +156,7 @@ class Supervisor:
                 backoff = self.backoff.get((deployment.pk, spec.slot))
                 if backoff is not None and time.monotonic() < backoff.retry_at:
                     continue
-                self._spawn(deployment, spec)
+                self._spawn(deployment, spec, fresh_start=fresh_start)
                 did = True
         for child in list(self.children.values()):
             if (child.deployment_id, child.slot) not in running_slots and child.stop_deadline is None:
@@ -287,7 +288,7 @@ class Supervisor:
                 return child
         return None
 
-    def _spawn(self, deployment: Deployment, spec: ProcessSpec) -> None:
+    def _spawn(self, deployment: Deployment, spec: ProcessSpec, fresh_start: bool = False) -> None:
         log_path = self.log_dir / deployment.name / f"{spec.slot}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "ab")  # noqa: SIM115 - the capture thread closes it
@@ -313,7 +314,8 @@ class Supervisor:
         ManagedProcess.objects.filter(pk=record.pk).update(
             role=spec.role, port=spec.port, pid=popen.pid, state=State.STARTING,
             command=spec.argv, log_path=str(log_path), exit_code=None,
-            restarts=record.restarts + (0 if created or record.state == State.STOPPED else 1),
+            # Restarts count within one start of the deployment; a new start begins at 0.
+            restarts=0 if created or fresh_start else record.restarts + 1,
             started_at=timezone.now(), ready_at=None, updated=timezone.now(),
         )
         self.captured.put(CapturedLine(record.pk, clean_line(header), timezone.now()))

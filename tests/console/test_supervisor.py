@@ -167,6 +167,20 @@ def test_spawn_records_the_process_and_logs_its_output(supervisor: Supervisor,
     assert "mark=xyzzy" in log
 
 
+def test_restarts_count_within_one_start_of_the_deployment(supervisor: Supervisor,
+                                                           deployment: Deployment) -> None:
+    first = spawn(supervisor, deployment, python_spec("prefill-0", "pass"))
+    first.popen.wait(timeout=10)
+    supervisor.reap()
+    again = spawn(supervisor, deployment, python_spec("prefill-0", "pass"))
+    assert record(deployment, "prefill-0").restarts == 1
+    again.popen.wait(timeout=10)
+    supervisor.reap()
+    # A new start of the deployment (after a stop) starts counting again.
+    supervisor._spawn(deployment, python_spec("prefill-0", "pass"), fresh_start=True)
+    assert record(deployment, "prefill-0").restarts == 0
+
+
 # ---- reaping and back-off -------------------------------------------------------------------
 
 
