@@ -12,8 +12,13 @@ ENGINE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 up: install model migrate
 	$(PY) manage.py up
 
+# The console's suite runs a second time on PostgreSQL (127.0.0.1:5432, trust auth), the
+# database DATABASE_URL switches to; the embedded default is SQLite.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/pdserve
+
 test: install model browser
 	$(PY) -m ruff check .
+	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest tests/console -q -p no:cacheprovider
 	$(PY) -m pytest
 
 install: $(VENV)/.installed-$(ENGINE)
