@@ -7,8 +7,12 @@ prefill computed (decode re-renders chat requests itself).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger("pdserve.router")
 
 
 class RequestError(Exception):
@@ -54,6 +58,7 @@ class PromptChecker:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.encode = _encoder(self.tokenizer)
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
 
@@ -116,25 +121,26 @@ class PromptChecker:
                 messages,
                 add_generation_prompt=body.get("add_generation_prompt", True),
                 continue_final_message=body.get("continue_final_message", False),
-                tokenize=True,
-                return_dict=False,
+                tokenize=False,
                 **(body.get("chat_template_kwargs") or {}),
             )
         except Exception as exc:  # jinja raises many kinds; the client gets the reason
             raise RequestError(400, f"cannot render 'messages' with the chat template: {exc}",
                                param="messages") from exc
-        return list(rendered)
+        # What apply_chat_template(tokenize=True) does: the template itself places the special
+        # tokens, so none are added.
+        return self.encode(rendered, False)
 
     def _completion_tokens(self, body: dict[str, Any]) -> list[int]:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            return self.encode(prompt, True)
         if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
             return list(prompt)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            return list(self.tokenizer(prompt[0], add_special_tokens=True)["input_ids"])
+            return self.encode(prompt[0], True)
         raise RequestError(
             400, "'prompt' must be a string or a list of token ids (one prompt per request)",
             param="prompt",
@@ -157,3 +163,38 @@ class PromptChecker:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+
+
+Encoder = Callable[[str, bool], list[int]]
+
+
+def _encoder(tokenizer: Any) -> Encoder:
+    """``encode(text, add_special_tokens)`` with the tokenizer's Rust core called directly.
+
+    Runs once per request: transformers' ``__call__`` wraps the same Rust call in ~100 us of
+    Python (a batch of one, a BatchEncoding, checks), and its batch call may hand a single text
+    to a thread pool. The direct call is used only if it gives transformers' ids on a sample
+    (special tokens, spaces, non-ASCII); a tokenizer that differs keeps the transformers path.
+    """
+
+    def through_transformers(text: str, add_special_tokens: bool) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    # transformers switches truncation and padding off for each call; the direct call cannot.
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return through_transformers
+
+    def direct(text: str, add_special_tokens: bool) -> list[int]:
+        return backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    specials = " ".join(str(token) for token in tokenizer.all_special_tokens)
+    samples = ["Hello, world!", "  two  spaces, a tab\tand a newline\n", "Ünïcödé – 字 🙂",
+               f"{specials} between specials {specials}"]
+    for text in samples:
+        for add_special_tokens in (True, False):
+            if direct(text, add_special_tokens) != through_transformers(text, add_special_tokens):
+                log.warning("tokenizer %s: direct Rust encoding differs from transformers'; "
+                            "using the slower transformers path", type(tokenizer).__name__)
+                return through_transformers
+    return direct
