@@ -1,0 +1,113 @@
+"""The NIXL channel end to end: real vLLM prefill and decode workers with NixlConnector (UCX
+over TCP on loopback), started from pdserve's launch specs, behind pdserve's router.
+
+Runs after the default deployment's tests (file order): it needs those cores to itself, since
+NIXL's progress thread busy-polls about one core per idle worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inference.launch import WorkerSpec, build_command
+from tests.e2e.conftest import START_TIMEOUT_S, Stack, _wait_http
+from tests.e2e.test_default_deployment import LONG_PROMPT
+
+pytestmark = pytest.mark.vllm
+
+PREFILL_PORT, DECODE_PORT, ROUTER_PORT = 8110, 8210, 8090
+
+
+@pytest.fixture(scope="module")
+def nixl_router(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[tuple[str, Path]]:
+    # NIXL's busy-polling workers need the cores: the default deployment goes first (its last
+    # test stops it; stop it here when this file runs alone).
+    if stack.deployment()["state"] != "stopped":
+        with stack.api() as client:
+            client.post(f"/api/v1/deployments/{stack.deployment_id}/stop").raise_for_status()
+        stack.wait_for_state("stopped", timeout_s=60)
+    logs = tmp_path_factory.mktemp("nixl")
+    processes: list[subprocess.Popen[bytes]] = []
+    handles = []
+    for role, port, core, side in (("prefill", PREFILL_PORT, 0, 5610),
+                                   ("decode", DECODE_PORT, 1, 5611)):
+        argv, env = build_command(WorkerSpec(
+            role=role, model_path=str(model_dir), served_model_name="smollm2", port=port,
+            max_model_len=2048, kv_channel="nixl", side_channel_port=side, cpu_cores=(core,),
+            dtype="float32", sampling_defaults={"temperature": 0.0}, data_dir=str(logs),
+        ))
+        handle = open(logs / f"{role}.log", "wb")  # noqa: SIM115 - closed in teardown
+        handles.append(handle)
+        processes.append(subprocess.Popen(argv, env={**os.environ, **env}, stdout=handle,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+    router_log = open(logs / "router.log", "wb")  # noqa: SIM115
+    handles.append(router_log)
+    processes.append(subprocess.Popen(
+        [sys.executable, "-m", "inference.router", "--served-model-name", "smollm2",
+         "--tokenizer", str(model_dir), "--max-model-len", "2048", "--kv-channel", "nixl",
+         "--port", str(ROUTER_PORT), "--prefill", f"http://127.0.0.1:{PREFILL_PORT}",
+         "--decode", f"http://127.0.0.1:{DECODE_PORT}"],
+        stdout=router_log, stderr=subprocess.STDOUT, start_new_session=True))
+    router = f"http://127.0.0.1:{ROUTER_PORT}"
+    try:
+        for port in (PREFILL_PORT, DECODE_PORT):
+            _wait_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT_S)
+        _wait_http(f"{router}/health", 30)
+        yield router, logs
+    finally:
+        for process in processes:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        for handle in handles:
+            handle.close()
+
+
+def test_nixl_pd_output_equals_prefix_cached_single_server(nixl_router: tuple[str, Path],
+                                                           stack: Stack) -> None:
+    router, logs = nixl_router
+    body = {"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 24,
+            "return_token_ids": True, "temperature": 0}
+    pd = httpx.post(f"{router}/v1/completions", json=body, timeout=300,
+                    headers={"X-Request-Id": "nixl-equality"})
+    assert pd.status_code == 200, pd.text
+    httpx.post(f"{stack.reference}/v1/completions", json=body, timeout=120)
+    single = httpx.post(f"{stack.reference}/v1/completions", json=body, timeout=120).json()
+    assert pd.json()["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
+    assert _metric_at(router, "pdserve_router_pd_fallback_total") == 0
+    # The hand-off really went through NIXL: prefill named its engine and blocks for decode.
+    [line] = [json.loads("{" + text.split("timeline {", 1)[1])
+              for text in (logs / "router.log").read_text().splitlines()
+              if "nixl-equality" in text and "timeline {" in text]
+    assert line["kv"]["remote_engine_id"]
+    assert line["kv"]["remote_num_tokens"] > 256
+
+
+def test_nixl_chat_streams_through_the_router(nixl_router: tuple[str, Path]) -> None:
+    router, _logs = nixl_router
+    with httpx.stream("POST", f"{router}/v1/chat/completions", timeout=300, json={
+            "model": "smollm2", "stream": True, "max_tokens": 16,
+            "messages": [{"role": "user", "content": LONG_PROMPT}]}) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert not any('"error"' in event for event in events)
+
+
+def _metric_at(router: str, name: str) -> float:
+    total = 0.0
+    for line in httpx.get(f"{router}/metrics").text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
