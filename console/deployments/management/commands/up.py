@@ -53,7 +53,8 @@ class Command(BaseCommand):
             ),
             # Background jobs (variant hashing): the same Celery code path with or without Redis.
             subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "console.celery", "worker", "--pool", "solo",
+                [sys.executable, "-m", "celery", "-A", "console.celery", "--quiet", "worker",
+                 "--pool", "solo",
                  "--concurrency", "1", "--loglevel", "WARNING", "--without-gossip",
                  "--without-mingle", "--without-heartbeat"],
                 cwd=settings.BASE_DIR,
