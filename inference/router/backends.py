@@ -47,12 +47,19 @@ class Backend:
         return self.session
 
     def open(self, connect_timeout_s: float) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=30)
+        # Idle connections are dropped before vLLM's server closes them (after 5 s,
+        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE): reusing one it is closing fails a request for nothing.
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=4)
         self.session = aiohttp.ClientSession(
             base_url=self.url,
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+            # Answers are relayed as they come; asking for no compression keeps the bytes and
+            # the Content-Type the router passes on consistent.
             auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),
+            # Workers set no cookies; a real jar is consulted twice per request for nothing.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:

@@ -3,10 +3,15 @@
 The router tokenizes with the deployment's own tokenizer files so that it can refuse
 over-long prompts with a 400, and so that it can confirm decode will see exactly the tokens
 prefill computed (decode re-renders chat requests itself).
+
+Tokenizing is the largest part of the router's own cost per request (about 1 us per token), so
+a prompt is tokenized only when something needs its ids: the PD hand-off, a policy that routes
+by prompt, or a length check that a cheap upper bound cannot settle (see ``Prompt``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,13 +42,45 @@ class RequestError(Exception):
         }
 
 
+Encoder = Callable[[str, bool], list[int]]
+
+
+class Prompt:
+    """A request's prompt: token ids given by the client, or text tokenized on first use."""
+
+    __slots__ = ("_encode", "_ids", "add_special_tokens", "text")
+
+    def __init__(self, *, ids: list[int] | None = None, text: str = "",
+                 add_special_tokens: bool = False, encode: Encoder | None = None):
+        self._ids = ids
+        self.text = text
+        self.add_special_tokens = add_special_tokens
+        self._encode = encode
+
+    @property
+    def token_ids(self) -> list[int]:
+        if self._ids is None:
+            assert self._encode is not None
+            self._ids = self._encode(self.text, self.add_special_tokens)
+        return self._ids
+
+    @property
+    def known_length(self) -> int | None:
+        """The number of tokens if they were computed, without computing them."""
+        return None if self._ids is None else len(self._ids)
+
+
 @dataclass(frozen=True)
 class ParsedRequest:
     endpoint: str  # "chat" | "completions"
     body: dict[str, Any]
     stream: bool
-    prompt_token_ids: list[int]
+    prompt: Prompt
     max_tokens: int | None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.prompt.token_ids
 
 
 def _require_type(body: dict[str, Any], name: str, kinds: tuple[type, ...], label: str) -> None:
@@ -59,6 +96,7 @@ class PromptChecker:
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.encode = _encoder(self.tokenizer)
+        self.bound = _token_bound(self.tokenizer)
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
 
@@ -85,23 +123,23 @@ class PromptChecker:
         if body.get("best_of") not in (None, 1):
             raise RequestError(400, "'best_of' other than 1 is not supported", param="best_of")
         if endpoint == "chat":
-            tokens = self._chat_tokens(body)
+            prompt = self._chat_prompt(body)
             max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         else:
-            tokens = self._completion_tokens(body)
+            prompt = self._completion_prompt(body)
             max_tokens = body.get("max_tokens")
         if max_tokens is not None and max_tokens < 1:
             raise RequestError(400, "'max_tokens' must be at least 1", param="max_tokens")
-        self._check_length(len(tokens), max_tokens, "messages" if endpoint == "chat" else "prompt")
+        self._check_length(prompt, max_tokens, "messages" if endpoint == "chat" else "prompt")
         return ParsedRequest(
             endpoint=endpoint,
             body=body,
             stream=bool(body.get("stream")),
-            prompt_token_ids=tokens,
+            prompt=prompt,
             max_tokens=max_tokens,
         )
 
-    def _chat_tokens(self, body: dict[str, Any]) -> list[int]:
+    def _chat_prompt(self, body: dict[str, Any]) -> Prompt:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(400, "'messages' must be a non-empty list", param="messages")
@@ -129,24 +167,29 @@ class PromptChecker:
                                param="messages") from exc
         # What apply_chat_template(tokenize=True) does: the template itself places the special
         # tokens, so none are added.
-        return self.encode(rendered, False)
+        return Prompt(text=rendered, add_special_tokens=False, encode=self.encode)
 
-    def _completion_tokens(self, body: dict[str, Any]) -> list[int]:
+    def _completion_prompt(self, body: dict[str, Any]) -> Prompt:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return self.encode(prompt, True)
+            return Prompt(text=prompt, add_special_tokens=True, encode=self.encode)
         if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
-            return list(prompt)
+            return Prompt(ids=list(prompt))
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            return self.encode(prompt[0], True)
+            return Prompt(text=prompt[0], add_special_tokens=True, encode=self.encode)
         raise RequestError(
             400, "'prompt' must be a string or a list of token ids (one prompt per request)",
             param="prompt",
         )
 
-    def _check_length(self, prompt_tokens: int, max_tokens: int | None, prompt_param: str) -> None:
+    def _check_length(self, prompt: Prompt, max_tokens: int | None, prompt_param: str) -> None:
+        if prompt.known_length is None and self.bound is not None:
+            most = self.bound(prompt.text, prompt.add_special_tokens)
+            if most < self.max_model_len and most + (max_tokens or 0) <= self.max_model_len:
+                return  # fits even if every byte were a token: no need to tokenize to know
+        prompt_tokens = len(prompt.token_ids)
         if prompt_tokens >= self.max_model_len:
             raise RequestError(
                 400,
@@ -163,9 +206,6 @@ class PromptChecker:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-
-
-Encoder = Callable[[str, bool], list[int]]
 
 
 def _encoder(tokenizer: Any) -> Encoder:
@@ -198,3 +238,37 @@ def _encoder(tokenizer: Any) -> Encoder:
                             "using the slower transformers path", type(tokenizer).__name__)
                 return through_transformers
     return direct
+
+
+# Pre-tokenizers that only cut the text into pieces (ByteLevel also maps each byte to one
+# symbol), never making it longer.
+_SPLITTING_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits"}
+
+
+def _token_bound(tokenizer: Any) -> Callable[[str, bool], int] | None:
+    """``bound(text, add_special_tokens)``: at most this many tokens, without tokenizing; None
+    for tokenizers where no such cheap bound is sure.
+
+    It is sure for byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM): without a normalizer the text
+    is cut into pieces and each byte becomes one symbol, and every token merges one symbol or
+    more, so a text has at most as many tokens as UTF-8 bytes; plus a prefix space if the
+    pre-tokenizer adds one, plus the special tokens the post-processor adds.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    spec = json.loads(backend.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    kinds = {step.get("type") for step in steps}
+    if (spec.get("normalizer") is not None or (spec.get("model") or {}).get("type") != "BPE"
+            or "ByteLevel" not in kinds or not kinds <= _SPLITTING_PRE_TOKENIZERS):
+        return None
+    prefix = int(any(step.get("add_prefix_space") for step in steps))
+    processor = backend.post_processor
+    specials = processor.num_special_tokens_to_add(False) if processor is not None else 0
+
+    def bound(text: str, add_special_tokens: bool) -> int:
+        return len(text.encode("utf-8", "surrogatepass")) + prefix + (specials if add_special_tokens else 0)
+
+    return bound

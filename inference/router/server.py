@@ -258,7 +258,17 @@ class Router:
             return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
 
         try:
-            timeline.prompt_tokens = len(parsed.prompt_token_ids)
+            return await self._dispatch(request, parsed, raw, timeline)
+        finally:
+            # Known only if something needed the ids (see prompts.py); a non-streamed answer's
+            # usage may have told it too.
+            if parsed.prompt.known_length is not None:
+                timeline.prompt_tokens = parsed.prompt.known_length
+
+    async def _dispatch(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
+                        timeline: Timeline) -> web.StreamResponse:
+        request_id = timeline.request_id
+        try:
             # The client's body goes on as the bytes it came in, unless the hand-off changes it.
             if self.config.mode == "colocated":
                 return await self._forward(request, "colocated", parsed, raw, timeline)
@@ -267,7 +277,8 @@ class Router:
                 # on the prefill worker until they time out. (ready(), not pick(): pick() would
                 # advance the round robin and skew the later real pick.)
                 raise NoBackendAvailable("decode", self.pools["decode"].backends)
-            if len(parsed.prompt_token_ids) <= self.config.local_prefill_max_tokens:
+            local_max = self.config.local_prefill_max_tokens
+            if local_max and len(parsed.prompt_token_ids) <= local_max:
                 self.metrics.local_prefill.inc()
                 timeline.kv = {"local_prefill": True}
                 return await self._forward(request, "decode", parsed, raw, timeline)
@@ -284,9 +295,9 @@ class Router:
             timeline.error = f"worker answered {exc.response.status}"
             return exc.response
 
-    def _pick(self, role: str, prompt_token_ids: list[int], exclude: Backend | None = None) -> Backend:
+    def _pick(self, role: str, parsed: ParsedRequest, exclude: Backend | None = None) -> Backend:
         pool = self.pools[role]
-        choice = pool.pick(prompt_token_ids, exclude)
+        choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (), exclude)
         self.metrics.decision(role, pool.policy.name, choice.outcome)
         return choice.backend
 
@@ -303,7 +314,7 @@ class Router:
         if self.channel_uses_params:
             body["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
 
-        backend = self._pick("prefill", parsed.prompt_token_ids)
+        backend = self._pick("prefill", parsed)
         timeline.prefill = backend.url
         timeline.mark("prefill_dispatched")
         started = time.perf_counter()
@@ -317,6 +328,8 @@ class Router:
         timeline.mark("prefill_done")
 
         prefill_ids = _prompt_token_ids(parsed.endpoint, data)
+        if prefill_ids is not None:
+            timeline.prompt_tokens = len(prefill_ids)
         decode_body = dict(parsed.body)
         kv_params = data.get("kv_transfer_params")
         if isinstance(kv_params, dict):
@@ -350,7 +363,7 @@ class Router:
         and a one-token prefill has no effect a second run could repeat."""
         first = failure.backend
         try:
-            backend = self._pick("prefill", parsed.prompt_token_ids, exclude=first)
+            backend = self._pick("prefill", parsed, exclude=first)
         except NoBackendAvailable:
             raise BackendFailure("prefill", first,
                                  f"{failure.detail}; no other ready prefill worker to retry on"
@@ -410,7 +423,7 @@ class Router:
         """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
         ``handoff_from``: the prefill worker whose KV cache decode must load."""
         request_id = timeline.request_id
-        backend = self._pick(role, parsed.prompt_token_ids)
+        backend = self._pick(role, parsed)
         if role == "decode":
             timeline.decode = backend.url
         timeline.mark("decode_dispatched")
@@ -431,7 +444,7 @@ class Router:
                     timeline.mark("first_token")
                     timeline.mark("last_token")
                     if upstream.status == 200:
-                        timeline.completion_tokens = _completion_tokens(payload)
+                        timeline.prompt_tokens, timeline.completion_tokens = _usage(payload)
                     return _relay(upstream.status, payload, upstream, request_id)
                 response = web.StreamResponse(status=200, headers={
                     "Content-Type": "text/event-stream",
@@ -509,13 +522,15 @@ def _relay(status: int, payload: bytes, upstream: aiohttp.ClientResponse,
     )
 
 
-def _completion_tokens(payload: bytes) -> int | None:
+def _usage(payload: bytes) -> tuple[int | None, int | None]:
+    """(prompt_tokens, completion_tokens) from a non-streamed answer's usage, where given."""
     try:
         usage = json.loads(payload).get("usage") or {}
     except (ValueError, AttributeError):
-        return None
-    tokens = usage.get("completion_tokens")
-    return tokens if isinstance(tokens, int) else None
+        return None, None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (prompt if isinstance(prompt, int) else None,
+            completion if isinstance(completion, int) else None)
 
 
 def _prompt_token_ids(endpoint: str, data: dict[str, Any]) -> list[int] | None:
@@ -577,6 +592,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # One timeline line is logged per request: spare each record what the format never prints
+    # (a walk up the stack for the caller, thread and process names), as the logging HOWTO's
+    # "Optimization" section suggests.
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     checker = PromptChecker(config.tokenizer_path, config.served_model_name, config.max_model_len)
     router = Router(config, checker)
     # Loading the tokenizer imports transformers and torch: some 400,000 long-lived objects
@@ -586,7 +608,10 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     log.info("router on http://%s:%d mode=%s channel=%s", config.host, config.port, config.mode,
              config.kv_channel)
-    # uvloop (a dependency of uvicorn[standard]) roughly halves the event loop's CPU per request.
+    # uvloop (a dependency of uvicorn[standard]): ~10 % less CPU per request than asyncio's loop.
     web.run_app(router.app(), host=config.host, port=config.port, access_log=None,
                 handler_cancellation=True, print=None, loop=uvloop.new_event_loop())
+    # Frozen objects are skipped at interpreter exit too; native extensions (triton, under
+    # torch) would then report them as leaked on stderr, which ends up in the router's log.
+    gc.unfreeze()
     return 0

@@ -28,6 +28,9 @@ class Policy(ABC):
     event loop: keep ``choose`` O(pool size) and free of awaits."""
 
     name: ClassVar[str]
+    # Whether choose() reads the prompt's token ids. The router tokenizes a prompt only when
+    # something needs its ids, so a policy that does not gets an empty sequence.
+    uses_prompt: ClassVar[bool] = False
 
     @abstractmethod
     def choose(self, ready: Sequence[Backend], prompt_token_ids: Sequence[int]) -> Choice:

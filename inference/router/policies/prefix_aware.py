@@ -32,6 +32,7 @@ TABLE_SIZE = 65_536
 
 class PrefixAware(Policy):
     name = "prefix_aware"
+    uses_prompt = True
 
     def __init__(self, block_size: int, blocks: int, table_size: int = TABLE_SIZE) -> None:
         if block_size < 1 or blocks < 1 or table_size < 1:
