@@ -37,6 +37,18 @@ from inference.router.metrics import RouterMetrics
 from inference.router.policies import make_policy
 from inference.router.prompts import ParsedRequest, PromptChecker, RequestError
 from inference.router.timeline import Timeline
+from inference.router.upstream import (
+    BackendFailure,
+    UpstreamError,
+    describe,
+    error_response,
+    prompt_token_ids,
+    relay,
+    sse_error,
+    upstream_message,
+    usage_counts,
+    worth_another_try,
+)
 
 log = logging.getLogger("pdserve.router")
 timeline_log = logging.getLogger("pdserve.router.timeline")
@@ -51,25 +63,6 @@ NIXL_PREFILL_PARAMS = {
     "remote_host": None,
     "remote_port": None,
 }
-
-
-class BackendFailure(Exception):
-    """A backend failed a request. ``retriable``: the failure happened before anything reached
-    the client and the call can be repeated elsewhere."""
-
-    def __init__(self, role: str, backend: Backend, detail: str, retriable: bool = False):
-        super().__init__(f"{role} worker {backend.url} failed: {detail}")
-        self.role = role
-        self.backend = backend
-        self.detail = detail
-        self.retriable = retriable
-
-
-def error_response(status: int, message: str, request_id: str, param: str | None = None,
-                   code: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
-    error = RequestError(status, message, param=param, code=code)
-    return web.json_response(error.body(), status=status,
-                             headers={"X-Request-Id": request_id, **(headers or {})})
 
 
 class Router:
@@ -291,7 +284,7 @@ class Router:
         except BackendFailure as exc:
             timeline.error = str(exc)
             return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
-        except _UpstreamError as exc:
+        except UpstreamError as exc:
             timeline.error = f"worker answered {exc.response.status}"
             return exc.response
 
@@ -327,7 +320,7 @@ class Router:
         self.metrics.prefill_seconds.observe(time.perf_counter() - started)
         timeline.mark("prefill_done")
 
-        prefill_ids = _prompt_token_ids(parsed.endpoint, data)
+        prefill_ids = prompt_token_ids(parsed.endpoint, data)
         if prefill_ids is not None:
             timeline.prompt_tokens = len(prefill_ids)
         decode_body = dict(parsed.body)
@@ -396,24 +389,24 @@ class Router:
                     # worth trying on another worker; the worker itself may well be healthy.
                     self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}").inc()
                     raise BackendFailure(backend.role, backend,
-                                         f"answered {upstream.status}: {_upstream_message(payload)}",
+                                         f"answered {upstream.status}: {upstream_message(payload)}",
                                          retriable=True)
                 if upstream.status != 200:
-                    raise _UpstreamError(_relay(upstream.status, payload, upstream, request_id))
+                    raise UpstreamError(relay(upstream.status, payload, upstream, request_id))
                 try:
                     data = json.loads(payload)
                 except ValueError:
                     data = None
                 if not isinstance(data, dict):
-                    raise _UpstreamError(error_response(
+                    raise UpstreamError(error_response(
                         502, f"{backend.role} worker {backend.url} answered 200 without a JSON "
                         "object", request_id, code=f"{backend.role}_bad_response"))
                 return data
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
             self._backend_failed(backend, exc)
-            raise BackendFailure(backend.role, backend, _describe(exc),
-                                 retriable=_worth_another_try(exc)) from exc
+            raise BackendFailure(backend.role, backend, describe(exc),
+                                 retriable=worth_another_try(exc)) from exc
         finally:
             backend.release()
 
@@ -444,8 +437,8 @@ class Router:
                     timeline.mark("first_token")
                     timeline.mark("last_token")
                     if upstream.status == 200:
-                        timeline.prompt_tokens, timeline.completion_tokens = _usage(payload)
-                    return _relay(upstream.status, payload, upstream, request_id)
+                        timeline.prompt_tokens, timeline.completion_tokens = usage_counts(payload)
+                    return relay(upstream.status, payload, upstream, request_id)
                 response = web.StreamResponse(status=200, headers={
                     "Content-Type": "text/event-stream",
                     "Cache-Control": "no-cache",
@@ -472,16 +465,16 @@ class Router:
                             timeline.mark("first_token")
                 except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
                     self._backend_failed(backend, exc)
-                    timeline.error = f"{role} failed mid-stream: {_describe(exc)}"
+                    timeline.error = f"{role} failed mid-stream: {describe(exc)}"
                     with contextlib.suppress(ConnectionResetError):
-                        await response.write(_sse_error(role, backend, exc))
+                        await response.write(sse_error(role, backend, exc))
                 timeline.mark("last_token")
                 with contextlib.suppress(ConnectionResetError):
                     await response.write_eof()
                 return response
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             self._backend_failed(backend, exc)
-            raise BackendFailure(role, backend, _describe(exc)) from exc
+            raise BackendFailure(role, backend, describe(exc)) from exc
         finally:
             backend.release()
 
@@ -492,7 +485,7 @@ class Router:
         # Its message alone reads like a decode bug; say which hand-off failed.
         message = (f"KV hand-off failed: decode worker {backend.url} could not use the KV cache "
                    f"prefilled by {prefill_url} (decode answered {status}: "
-                   f"{_upstream_message(payload)})")
+                   f"{upstream_message(payload)})")
         self.metrics.backend_errors.labels("decode", "kv_handoff").inc()
         timeline.error = message
         return error_response(502, message, timeline.request_id, code="kv_handoff_failed")
@@ -502,86 +495,7 @@ class Router:
         if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
                             aiohttp.ClientPayloadError)):
             # Passive health: stop sending to it now; the probe puts it back when it answers.
-            backend.mark(False, _describe(exc))
-
-
-class _UpstreamError(Exception):
-    """A backend answered with an error status; relay it to the client unchanged."""
-
-    def __init__(self, response: web.Response):
-        super().__init__(response.status)
-        self.response = response
-
-
-def _relay(status: int, payload: bytes, upstream: aiohttp.ClientResponse,
-           request_id: str) -> web.Response:
-    return web.Response(
-        body=payload, status=status,
-        headers={"Content-Type": upstream.headers.get("Content-Type", "application/json"),
-                 "X-Request-Id": request_id},
-    )
-
-
-def _usage(payload: bytes) -> tuple[int | None, int | None]:
-    """(prompt_tokens, completion_tokens) from a non-streamed answer's usage, where given."""
-    try:
-        usage = json.loads(payload).get("usage") or {}
-    except (ValueError, AttributeError):
-        return None, None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (prompt if isinstance(prompt, int) else None,
-            completion if isinstance(completion, int) else None)
-
-
-def _prompt_token_ids(endpoint: str, data: dict[str, Any]) -> list[int] | None:
-    if endpoint == "chat":
-        ids = data.get("prompt_token_ids")
-    else:
-        choices = data.get("choices") or [{}]
-        ids = choices[0].get("prompt_token_ids")
-    return list(ids) if isinstance(ids, list) else None
-
-
-def _upstream_message(payload: bytes, limit: int = 500) -> str:
-    """The message of a worker's error body (OpenAI or FastAPI shape), else its start."""
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        error = data.get("error")
-        nested = error.get("message") if isinstance(error, dict) else error
-        for message in (nested, data.get("message"), data.get("detail")):
-            if isinstance(message, str) and message:
-                return message[:limit]
-    return payload[:limit].decode("utf-8", "replace") or "(empty body)"
-
-
-def _worth_another_try(exc: BaseException) -> bool:
-    # A refused, reset or broken connection may well work on another worker. A request that
-    # used up its time budget must not take as long again; but a connect timeout never reached
-    # the worker, so it is no such case.
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return True
-    return not isinstance(exc, TimeoutError)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timed out"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _sse_error(role: str, backend: Backend, exc: BaseException) -> bytes:
-    error = {
-        "error": {
-            "message": f"{role} worker {backend.url} failed mid-stream: {_describe(exc)}",
-            "type": "server_error",
-            "param": None,
-            "code": f"{role}_failed",
-        }
-    }
-    return f"data: {json.dumps(error)}\n\n".encode()
+            backend.mark(False, describe(exc))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,111 @@
+"""What the router makes of its workers' answers: failures, relayed errors, usage, token ids."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from inference.router.backends import Backend
+from inference.router.prompts import RequestError
+
+
+class BackendFailure(Exception):
+    """A backend failed a request. ``retriable``: the failure happened before anything reached
+    the client and the call can be repeated elsewhere."""
+
+    def __init__(self, role: str, backend: Backend, detail: str, retriable: bool = False):
+        super().__init__(f"{role} worker {backend.url} failed: {detail}")
+        self.role = role
+        self.backend = backend
+        self.detail = detail
+        self.retriable = retriable
+
+
+def error_response(status: int, message: str, request_id: str, param: str | None = None,
+                   code: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
+    error = RequestError(status, message, param=param, code=code)
+    return web.json_response(error.body(), status=status,
+                             headers={"X-Request-Id": request_id, **(headers or {})})
+
+
+class UpstreamError(Exception):
+    """A backend answered with an error status; relay it to the client unchanged."""
+
+    def __init__(self, response: web.Response):
+        super().__init__(response.status)
+        self.response = response
+
+
+def relay(status: int, payload: bytes, upstream: aiohttp.ClientResponse,
+           request_id: str) -> web.Response:
+    return web.Response(
+        body=payload, status=status,
+        headers={"Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                 "X-Request-Id": request_id},
+    )
+
+
+def usage_counts(payload: bytes) -> tuple[int | None, int | None]:
+    """(prompt_tokens, completion_tokens) from a non-streamed answer's usage, where given."""
+    try:
+        usage = json.loads(payload).get("usage") or {}
+    except (ValueError, AttributeError):
+        return None, None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (prompt if isinstance(prompt, int) else None,
+            completion if isinstance(completion, int) else None)
+
+
+def prompt_token_ids(endpoint: str, data: dict[str, Any]) -> list[int] | None:
+    if endpoint == "chat":
+        ids = data.get("prompt_token_ids")
+    else:
+        choices = data.get("choices") or [{}]
+        ids = choices[0].get("prompt_token_ids")
+    return list(ids) if isinstance(ids, list) else None
+
+
+def upstream_message(payload: bytes, limit: int = 500) -> str:
+    """The message of a worker's error body (OpenAI or FastAPI shape), else its start."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        nested = error.get("message") if isinstance(error, dict) else error
+        for message in (nested, data.get("message"), data.get("detail")):
+            if isinstance(message, str) and message:
+                return message[:limit]
+    return payload[:limit].decode("utf-8", "replace") or "(empty body)"
+
+
+def worth_another_try(exc: BaseException) -> bool:
+    # A refused, reset or broken connection may well work on another worker. A request that
+    # used up its time budget must not take as long again; but a connect timeout never reached
+    # the worker, so it is no such case.
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return True
+    return not isinstance(exc, TimeoutError)
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def sse_error(role: str, backend: Backend, exc: BaseException) -> bytes:
+    error = {
+        "error": {
+            "message": f"{role} worker {backend.url} failed mid-stream: {describe(exc)}",
+            "type": "server_error",
+            "param": None,
+            "code": f"{role}_failed",
+        }
+    }
+    return f"data: {json.dumps(error)}\n\n".encode()
