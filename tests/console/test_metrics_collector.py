@@ -7,10 +7,9 @@ rewrites between steps, so counters move exactly as a test says. Nothing here st
 from __future__ import annotations
 
 import contextlib
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from console.live.downsample import MINUTE, merge, prune, roll_up
 from console.live.models import MetricSample, ProcessScrape
 from console.supervisor.models import ManagedProcess
 from console.supervisor.runner import Supervisor
+from tests.console.sockets import free_port, listening, wait_for
 
 METRICS_SERVER = """
 import http.server, pathlib, sys
@@ -93,26 +93,7 @@ def router_text(prefill_url: str, decode_url: str, *, ok: int = 0, failed: int =
     ]) + "\n"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-    except OSError:
-        return False
-    return True
 
 
 @pytest.fixture

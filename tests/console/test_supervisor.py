@@ -11,11 +11,10 @@ import fcntl
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from console.deployments.models import Deployment
 from console.deployments.processes import ProcessSpec
 from console.supervisor.models import ManagedProcess
 from console.supervisor.runner import MAX_BACKOFF_S, Backoff, Child, Supervisor
+from tests.console.sockets import free_port, listening, wait_for
 
 State = ManagedProcess.State
 
@@ -75,19 +75,6 @@ time.sleep(300)
 SLEEPER = "import time; time.sleep(300)"
 
 
-def free_port() -> int:
-    # An ephemeral port from the kernel: far from the 8000-8300 range the e2e suite uses.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def is_gone(pid: int) -> bool:
@@ -105,13 +92,6 @@ def process_tree(pid: int) -> list[psutil.Process]:
     except psutil.NoSuchProcess:
         return []
 
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-    except OSError:
-        return False
-    return True
 
 
 def python_spec(slot: str, script: str, *args: str, env: dict[str, str] | None = None) -> ProcessSpec:

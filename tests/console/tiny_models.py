@@ -7,7 +7,6 @@ tokenizer files, a chat template and a generation config. Nothing here loads a m
 from __future__ import annotations
 
 import json
-import socket
 import struct
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from console.checks.plan import PlanView
 from console.checks.runner import CHECKS
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.services import local_node
+from tests.console.sockets import free_port
 
 LLAMA_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -80,11 +80,6 @@ def write_model(path: Path, *, config: dict[str, Any] | None = None,
         generation_config if generation_config is not None else {"bos_token_id": 1}))
     return path
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_startable(deployment: Deployment) -> Deployment:
