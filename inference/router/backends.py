@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -105,10 +105,12 @@ class Pool:
     def ready(self) -> list[Backend]:
         return [b for b in self.backends if b.healthy]
 
-    def pick(self, prompt_token_ids: Sequence[int] = (), exclude: Backend | None = None) -> Choice:
+    def pick(self, prompt_token_ids: Sequence[int] = (), exclude: Backend | None = None,
+             only: Callable[[Backend], bool] | None = None) -> Choice:
         """The policy's choice among the ready backends other than ``exclude`` (a backend that
-        just failed this request)."""
-        ready = [b for b in self.backends if b.healthy and b is not exclude]
+        just failed this request) and, if given, those ``only`` accepts."""
+        ready = [b for b in self.backends
+                 if b.healthy and b is not exclude and (only is None or only(b))]
         if not ready:
             others = [b for b in self.backends if b is not exclude]
             raise NoBackendAvailable(self.role, others)

@@ -8,7 +8,10 @@ import os
 from dataclasses import dataclass, field, fields
 
 from inference.kv_channels import CHANNEL_NAMES
+from inference.router.keys import load_key_file
 from inference.router.policies import POLICY_NAMES
+
+PD_POLICIES = ("remote", "pd_adaptive")
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,21 @@ class RouterConfig:
     # tokens. The block size should be the workers' (vLLM's CPU backend uses 128).
     prefix_block_size: int = 128
     prefix_blocks: int = 1
+    # Where prompts are prefilled in PD mode: "remote" sends every prompt longer than
+    # local_prefill_max_tokens through prefill; "pd_adaptive" decides per request
+    # (inference/router/adaptive.py).
+    pd_policy: str = "remote"
+    # pd_adaptive: how long a decode worker's streams may pause for one prompt it prefills
+    # itself; with the measured prefill speed this sets the longest prompt kept local.
+    stall_budget_ms: float = 250.0
+    # pd_adaptive: remote prefills in flight per prefill worker; more wait in the router's queue.
+    prefill_slots: int = 1
     # Bearer token of the admin API (/admin/*); None switches the admin API off.
     admin_token: str | None = field(default=None, repr=False)
+    # Inference keys (hashes, scopes, limits) the console wrote; see inference/router/keys.py.
+    keys_file: str | None = None
+    # Per-key rate limits are shared through this Redis; in memory when unset.
+    redis_url: str | None = field(default=None, repr=False)
 
     @property
     def mode(self) -> str:
@@ -64,6 +80,12 @@ class RouterConfig:
                              ("--colocated-policy", self.colocated_policy)):
             if policy not in POLICY_NAMES:
                 raise ValueError(f"{flag}: unknown policy {policy!r} (one of {', '.join(POLICY_NAMES)})")
+        if self.pd_policy not in PD_POLICIES:
+            raise ValueError(f"--pd-policy: unknown {self.pd_policy!r} (one of {', '.join(PD_POLICIES)})")
+        if self.stall_budget_ms <= 0:
+            raise ValueError("--stall-budget-ms: must be positive")
+        if self.prefill_slots < 1:
+            raise ValueError("--prefill-slots: must be at least 1")
         if self.prefix_block_size < 1:
             raise ValueError("--prefix-block-size: must be positive")
         if self.prefix_blocks < 1:
@@ -71,6 +93,8 @@ class RouterConfig:
         if self.admin_token is not None and self.admin_token == self.api_key:
             # Otherwise every inference client could reconfigure the pools.
             raise ValueError("PDSERVE_ROUTER_ADMIN_TOKEN must differ from PDSERVE_API_KEY")
+        if self.keys_file is not None:
+            load_key_file(self.keys_file)  # raises ValueError naming --keys-file
 
 
 def _default(name: str) -> object:
@@ -110,10 +134,23 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(f"--{role}-policy", choices=list(POLICY_NAMES),
                             default=_default(f"{role}_policy"),
                             help=f"how a {role} worker is chosen for each request")
+    parser.add_argument("--pd-policy", choices=list(PD_POLICIES), default=_default("pd_policy"),
+                        help="where prompts are prefilled: 'remote' (every prompt longer than "
+                             "--local-prefill-max-tokens on a prefill worker) or 'pd_adaptive' "
+                             "(decided per request from measured prefill speed and load)")
+    parser.add_argument("--stall-budget-ms", type=float, default=_default("stall_budget_ms"),
+                        help="pd_adaptive: the longest a decode worker's streams may pause for "
+                             "a prompt it prefills itself")
+    parser.add_argument("--prefill-slots", type=int, default=_default("prefill_slots"),
+                        help="pd_adaptive: remote prefills in flight per prefill worker; the "
+                             "rest wait in the router, shortest first with aging")
     parser.add_argument("--prefix-block-size", type=int, default=_default("prefix_block_size"),
                         help="KV block size of the workers, in tokens (for prefix_aware)")
     parser.add_argument("--prefix-blocks", type=int, default=_default("prefix_blocks"),
                         help="prefix_aware routes by a hash of this many whole blocks of the prompt")
+    parser.add_argument("--keys-file", default=_default("keys_file"),
+                        help="JSON file of the inference keys (hashes, states, limits) the console "
+                             "writes; later changes arrive through PUT /admin/keys")
     return parser
 
 
@@ -138,9 +175,14 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         prefill_policy=args.prefill_policy,
         decode_policy=args.decode_policy,
         colocated_policy=args.colocated_policy,
+        pd_policy=args.pd_policy,
+        stall_budget_ms=args.stall_budget_ms,
+        prefill_slots=args.prefill_slots,
         prefix_block_size=args.prefix_block_size,
         prefix_blocks=args.prefix_blocks,
         admin_token=os.environ.get("PDSERVE_ROUTER_ADMIN_TOKEN") or None,
+        keys_file=args.keys_file,
+        redis_url=os.environ.get("REDIS_URL") or None,
     )
     config.validate()
     return config

@@ -24,6 +24,12 @@ class RouterMetrics:
     local_prefill: Counter
     policy_decisions: Counter
     retries: Counter
+    placements: Counter
+    prefill_queue_depth: Gauge
+    prefill_queue_wait_seconds: Histogram
+    adaptive_local_max_tokens: Gauge
+    prefill_speed: Gauge
+    prefill_busy_fraction: Gauge
 
     @classmethod
     def create(cls) -> RouterMetrics:
@@ -86,6 +92,39 @@ class RouterMetrics:
                 "pdserve_router_retries",
                 "Requests retried on another backend after a failure before any token, by role",
                 ["role"], registry=registry,
+            ),
+            placements=Counter(
+                "pdserve_router_pd_placements",
+                "pd_adaptive: where each request's prompt was prefilled (local on decode, remote "
+                "on prefill, or the whole request on an idle prefill worker), and why",
+                ["placement", "reason"], registry=registry,
+            ),
+            prefill_queue_depth=Gauge(
+                "pdserve_router_prefill_queue_depth",
+                "pd_adaptive: prompts waiting in the router for a free prefill slot",
+                registry=registry,
+            ),
+            prefill_queue_wait_seconds=Histogram(
+                "pdserve_router_prefill_queue_wait_seconds",
+                "pd_adaptive: time a prompt waited for a prefill slot",
+                buckets=LATENCY_BUCKETS, registry=registry,
+            ),
+            adaptive_local_max_tokens=Gauge(
+                "pdserve_router_adaptive_local_max_tokens",
+                "pd_adaptive: the longest prompt a decode worker prefills itself now (from the "
+                "measured prefill speed and the stall budget)",
+                registry=registry,
+            ),
+            prefill_speed=Gauge(
+                "pdserve_router_prefill_tokens_per_second",
+                "pd_adaptive: measured prefill speed, on prefill workers (remote) and on decode "
+                "workers (local); 0 until measured",
+                ["where"], registry=registry,
+            ),
+            prefill_busy_fraction=Gauge(
+                "pdserve_router_prefill_busy_fraction",
+                "pd_adaptive: share of the last 30 s during which a remote prefill ran",
+                registry=registry,
             ),
         )
 

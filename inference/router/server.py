@@ -14,6 +14,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -22,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference.kv_channels import uses_transfer_params
+from inference.router.adaptive import AdaptivePlacer, PrefillQueue
 from inference.router.admin import AdminAPI
 from inference.router.backends import (
     Backend,
@@ -81,6 +83,11 @@ class Router:
                                                prefix_blocks=config.prefix_blocks))
             for role, (urls, policy) in members.items()
         }
+        self.placer: AdaptivePlacer | None = None
+        if config.mode == "pd" and config.pd_policy == "pd_adaptive":
+            self.placer = AdaptivePlacer(floor_tokens=config.local_prefill_max_tokens,
+                                         stall_budget_s=config.stall_budget_ms / 1000,
+                                         queue=PrefillQueue(config.prefill_slots))
         self._probe_task: asyncio.Task[None] | None = None
         self._drains: set[asyncio.Task[None]] = set()
         self._timeout = aiohttp.ClientTimeout(total=config.request_timeout_s,
@@ -175,6 +182,13 @@ class Router:
             for backend in pool.draining:
                 self.metrics.backend_up.labels(role, backend.url).set(0)
                 self.metrics.in_flight.labels(role, backend.url).set(backend.in_flight)
+        if self.placer is not None:
+            placer = self.placer
+            self.metrics.prefill_queue_depth.set(placer.queue.depth)
+            self.metrics.adaptive_local_max_tokens.set(placer.local_max_tokens())
+            self.metrics.prefill_speed.labels("remote").set(placer.remote_speed.tokens_per_s or 0)
+            self.metrics.prefill_speed.labels("local").set(placer.local_speed.tokens_per_s or 0)
+            self.metrics.prefill_busy_fraction.set(placer.queue.busy.fraction())
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -270,8 +284,20 @@ class Router:
                 # on the prefill worker until they time out. (ready(), not pick(): pick() would
                 # advance the round robin and skew the later real pick.)
                 raise NoBackendAvailable("decode", self.pools["decode"].backends)
-            local_max = self.config.local_prefill_max_tokens
-            if local_max and len(parsed.prompt_token_ids) <= local_max:
+            if self.placer is not None:
+                placement = self.placer.place(len(parsed.prompt_token_ids),
+                                              self.pools["prefill"].ready(),
+                                              self.pools["decode"].ready())
+                self.metrics.placements.labels(placement.where, placement.reason).inc()
+                timeline.kv = {"placement": placement.where}
+                if placement.where == "local":
+                    self.metrics.local_prefill.inc()
+                    timeline.kv["local_prefill"] = True
+                    return await self._forward(request, "decode", parsed, raw, timeline)
+                if placement.where == "prefill_whole":
+                    return await self._forward(request, "prefill", parsed, raw, timeline)
+            elif (self.config.local_prefill_max_tokens
+                  and len(parsed.prompt_token_ids) <= self.config.local_prefill_max_tokens):
                 self.metrics.local_prefill.inc()
                 timeline.kv = {"local_prefill": True}
                 return await self._forward(request, "decode", parsed, raw, timeline)
@@ -307,7 +333,10 @@ class Router:
         if self.channel_uses_params:
             body["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
 
-        backend = self._pick("prefill", parsed)
+        if self.placer is None:
+            backend = self._pick("prefill", parsed)
+        else:
+            backend = await self._wait_for_prefill_slot(parsed, timeline)
         timeline.prefill = backend.url
         timeline.mark("prefill_dispatched")
         started = time.perf_counter()
@@ -317,10 +346,18 @@ class Router:
             if not failure.retriable:
                 raise
             data = await self._retry_prefill(parsed, body, failure, timeline)
-        self.metrics.prefill_seconds.observe(time.perf_counter() - started)
+        finally:
+            if self.placer is not None:
+                self.placer.queue.release(backend, self._free_prefill_chooser(parsed))
+        elapsed = time.perf_counter() - started
+        self.metrics.prefill_seconds.observe(elapsed)
         timeline.mark("prefill_done")
 
         prefill_ids = prompt_token_ids(parsed.endpoint, data)
+        if self.placer is not None:
+            self.placer.remote_speed.observe(
+                len(prefill_ids) if prefill_ids is not None else len(parsed.prompt_token_ids),
+                elapsed)
         if prefill_ids is not None:
             timeline.prompt_tokens = len(prefill_ids)
         decode_body = dict(parsed.body)
@@ -349,6 +386,37 @@ class Router:
                 return decode_body, None
             decode_body["kv_transfer_params"] = kv_params
         return decode_body, timeline.prefill
+
+    def _free_prefill_chooser(self, parsed: ParsedRequest
+                              ) -> Callable[[Callable[[Backend], bool]], Backend | None]:
+        pool = self.pools["prefill"]
+
+        def choose(is_free: Callable[[Backend], bool]) -> Backend | None:
+            try:
+                choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (),
+                                   only=is_free)
+            except NoBackendAvailable:
+                return None
+            self.metrics.decision("prefill", pool.policy.name, choice.outcome)
+            return choice.backend
+
+        return choose
+
+    async def _wait_for_prefill_slot(self, parsed: ParsedRequest, timeline: Timeline) -> Backend:
+        assert self.placer is not None
+        pool = self.pools["prefill"]
+
+        def ensure_ready() -> None:
+            if not pool.ready():
+                raise NoBackendAvailable("prefill", pool.backends)
+
+        tokens = len(parsed.prompt_token_ids)
+        timeline.mark("prefill_queued")
+        queued = time.perf_counter()
+        backend = await self.placer.queue.acquire(tokens, self.placer.service_s(tokens),
+                                                  self._free_prefill_chooser(parsed), ensure_ready)
+        self.metrics.prefill_queue_wait_seconds.observe(time.perf_counter() - queued)
+        return backend
 
     async def _retry_prefill(self, parsed: ParsedRequest, body: dict[str, Any],
                              failure: BackendFailure, timeline: Timeline) -> dict[str, Any]:
@@ -463,6 +531,13 @@ class Router:
                             self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
                                 timeline.since_arrival())
                             timeline.mark("first_token")
+                            if self.placer is not None and timeline.kv.get("local_prefill"):
+                                # The prompt's prefill on decode, plus the wait for the
+                                # worker's step in progress: what its streams paused for.
+                                self.placer.local_speed.observe(
+                                    len(parsed.prompt_token_ids),
+                                    (timeline.events["first_token"]
+                                     - timeline.events["decode_dispatched"]) / 1000)
                 except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
                     self._backend_failed(backend, exc)
                     timeline.error = f"{role} failed mid-stream: {describe(exc)}"

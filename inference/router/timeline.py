@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Steps in the order they happen; each is stored as ms since the request arrived.
-EVENTS = ("received", "prefill_dispatched", "prefill_retried", "prefill_done", "decode_dispatched",
-          "first_token", "last_token")
+EVENTS = ("received", "prefill_queued", "prefill_dispatched", "prefill_retried", "prefill_done",
+          "decode_dispatched", "first_token", "last_token")
 
 
 @dataclass

@@ -117,6 +117,11 @@ class StubVLLM:
     truncate_json_body: bool = False
     # When set, streaming pauses after the first chunk until the test releases it.
     stream_gate: asyncio.Event | None = None
+    # A non-streamed answer takes this long per prompt token, like a prefill.
+    seconds_per_prompt_token: float = 0.0
+    # Inference requests being answered now, and the most at once.
+    active: int = 0
+    most_active: int = 0
     server: TestServer | None = None
 
     @property
@@ -175,9 +180,20 @@ class StubVLLM:
             status, error = self.fail_with
             return web.json_response(error, status=status)
         endpoint = "chat" if request.path.endswith("/chat/completions") else "completions"
-        if body.get("stream"):
-            return await self._stream(request, endpoint)
-        prompt_ids = self._prompt_ids(endpoint, body)
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        try:
+            if body.get("stream"):
+                return await self._stream(request, endpoint)
+            prompt_ids = self._prompt_ids(endpoint, body)
+            if self.seconds_per_prompt_token:
+                await asyncio.sleep(self.seconds_per_prompt_token * len(prompt_ids))
+            return await self._answer(request, endpoint, body, prompt_ids)
+        finally:
+            self.active -= 1
+
+    async def _answer(self, request: web.Request, endpoint: str, body: dict[str, Any],
+                      prompt_ids: list[int]) -> web.StreamResponse:
         if endpoint == "chat":
             answer: dict[str, Any] = {
                 "id": f"{self.name}-chat", "object": "chat.completion", "model": body["model"],
