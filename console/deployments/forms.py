@@ -37,7 +37,7 @@ class PlanForm(forms.ModelForm):
         fields = ["name", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "dtype", "engine_version", "sampling_defaults", "router_port",
-                  "router_policy"]
+                  "prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms"]
         labels = {"max_model_len": "Context length", "kv_cache_gib": "KV cache size (GiB)",
                   "kv_cache_dtype": "KV cache dtype", "dtype": "Compute dtype",
                   "kv_channel": "Transfer channel", "block_size": "Block size"}

@@ -78,10 +78,16 @@ class Deployment(models.Model):
         B128 = 128
         B256 = 256
 
-    class RouterPolicy(models.TextChoices):
-        # What inference.router implements: the ready backend with the fewest requests in
-        # flight, round robin among ties.
-        LEAST_INFLIGHT = "least-inflight", "least in flight, then round robin"
+    class RoutingPolicy(models.TextChoices):
+        # inference/router/policies/: how the router picks a worker within one role's pool.
+        LEAST_OUTSTANDING = "least_outstanding", "least outstanding (fewest requests in flight)"
+        ROUND_ROBIN = "round_robin", "round robin"
+        PREFIX_AWARE = "prefix_aware", "prefix aware (same prompt prefix, same worker; bounded by load)"
+
+    class PDPolicy(models.TextChoices):
+        # inference/router/adaptive.py: where each prompt is prefilled.
+        ADAPTIVE = "pd_adaptive", "adaptive (per request, from measured prefill speed and load)"
+        REMOTE = "remote", "always on a prefill worker (beyond one KV block)"
 
     name = models.SlugField(max_length=100, unique=True, validators=[validate_deployment_name])
     base_model = models.ForeignKey("catalog.BaseModel", on_delete=models.PROTECT,
@@ -125,8 +131,19 @@ class Deployment(models.Model):
     )
     router_host = models.GenericIPAddressField(default="127.0.0.1")
     router_port = models.PositiveIntegerField(default=8080, validators=[validate_port])
-    router_policy = models.CharField(max_length=30, choices=RouterPolicy.choices,
-                                     default=RouterPolicy.LEAST_INFLIGHT)
+    prefill_policy = models.CharField(
+        max_length=30, choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING,
+        help_text="how the router picks a prefill worker")
+    decode_policy = models.CharField(
+        max_length=30, choices=RoutingPolicy.choices, default=RoutingPolicy.LEAST_OUTSTANDING,
+        help_text="how the router picks a decode worker (a full worker in colocated mode)")
+    pd_policy = models.CharField(
+        max_length=30, choices=PDPolicy.choices, default=PDPolicy.ADAPTIVE,
+        help_text="where each prompt is prefilled")
+    stall_budget_ms = models.PositiveIntegerField(
+        default=250, validators=[MinValueValidator(1), MaxValueValidator(60_000)],
+        help_text="adaptive: the longest a decode worker's streams may pause for a prompt it "
+                  "prefills itself")
     desired_state = models.CharField(max_length=10, choices=DesiredState.choices,
                                      default=DesiredState.STOPPED)
     created = models.DateTimeField(auto_now_add=True)

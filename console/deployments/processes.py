@@ -82,7 +82,16 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
         "--host", deployment.router_host,
         "--port", str(deployment.router_port),
         "--local-prefill-max-tokens", str(transfer_block_tokens(deployment, workers)),
+        # prefix_aware hashes whole blocks, so the router's block must be the workers'.
+        "--prefix-block-size", str(transfer_block_tokens(deployment, workers)),
     ]
+    if deployment.mode == Deployment.Mode.COLOCATED:
+        argv += ["--colocated-policy", deployment.decode_policy]
+    else:
+        argv += ["--prefill-policy", deployment.prefill_policy,
+                 "--decode-policy", deployment.decode_policy,
+                 "--pd-policy", deployment.pd_policy,
+                 "--stall-budget-ms", str(deployment.stall_budget_ms)]
     for role, flag in (("prefill", "--prefill"), ("decode", "--decode"), ("colocated", "--colocated")):
         for worker in by_role.get(role, []):
             argv += [flag, worker.url]

@@ -16,8 +16,11 @@ from console.catalog.models import BaseModel, Variant
 from console.deployments import services
 from console.deployments.models import Deployment, WorkerPlan
 from console.deployments.plans import InstanceInput, PlanInput, PoolInput
+from console.deployments.processes import router_argv
 from console.fleet.models import Node
 from console.fleet.services import local_node
+from inference.router.config import PD_POLICIES, build_parser, config_from_args
+from inference.router.policies import POLICY_NAMES
 from tests.console.tiny_models import free_port, make_plan, register
 
 pytestmark = pytest.mark.django_db
@@ -133,6 +136,31 @@ def test_a_plan_is_edited_with_put_and_patch(api: APIClient, variant: Variant) -
     assert [w["slot"] for w in put.json()["workers"]] == ["decode-0", "prefill-0"]
 
 
+def test_routing_policies_are_stored_and_reach_the_router_command(api: APIClient,
+                                                                   variant: Variant) -> None:
+    router = {"port": free_port(), "prefill_policy": "prefix_aware", "decode_policy": "round_robin",
+              "pd_policy": "remote", "stall_budget_ms": 400}
+    created = api.post(URL, plan_body(variant, router=router), format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["router"] == {"host": "127.0.0.1", **router}
+    deployment = Deployment.objects.get(pk=created.json()["id"])
+    workers = list(deployment.workers.select_related("variant"))
+    argv = router_argv(deployment, workers)
+    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+    assert flags["--prefill-policy"] == "prefix_aware"
+    assert flags["--decode-policy"] == "round_robin"
+    assert flags["--pd-policy"] == "remote"
+    assert flags["--stall-budget-ms"] == "400"
+    assert flags["--prefix-block-size"] == "128"  # the CPU engine's KV block
+    # The router itself accepts what the console passes.
+    config_from_args(build_parser().parse_args(argv[3:]))
+
+
+def test_the_console_offers_exactly_the_router_policies() -> None:
+    assert set(Deployment.RoutingPolicy.values) == set(POLICY_NAMES)
+    assert set(Deployment.PDPolicy.values) == set(PD_POLICIES)
+
+
 def test_patching_the_mode_replaces_the_pools_it_no_longer_uses(api: APIClient,
                                                                variant: Variant) -> None:
     url = f"{URL}{api.post(URL, plan_body(variant), format='json').json()['id']}/"
@@ -191,6 +219,9 @@ def test_saving_a_running_plan_with_errors_is_refused_and_nothing_changes(
     ({"decode": {"variant": 1, "instances": [{"cpu_cores": "0-3"}]}}, "decode"),
     ({"decode": {"variant": 1, "instances": [{"node": "nowhere"}]}}, "decode"),
     ({"colocated": {"variant": 1, "instances": [{}]}}, "colocated"),
+    ({"router": {"prefill_policy": "fastest"}}, "router"),
+    ({"router": {"pd_policy": "always"}}, "router"),
+    ({"router": {"stall_budget_ms": 0}}, "router"),
 ])
 def test_bad_input_is_400_on_its_field_and_nothing_is_saved(
     api: APIClient, variant: Variant, changes: dict[str, Any], field: str
@@ -257,7 +288,8 @@ def form_data(variant: Variant, node: Node, **changes: str) -> dict[str, str]:
         "kv_channel": "shared-storage", "kv_cache_gib": "1", "block_size": "",
         "kv_cache_dtype": "auto", "dtype": "bfloat16", "engine_version": node.engine_version,
         "sampling_defaults": '{"temperature": 0}', "router_port": str(free_port()),
-        "router_policy": "least-inflight",
+        "prefill_policy": "least_outstanding", "decode_policy": "least_outstanding",
+        "pd_policy": "pd_adaptive", "stall_budget_ms": "250",
     }
     for role, core in (("prefill", node.cpu_ids[0]), ("decode", node.cpu_ids[-1]),
                        ("colocated", None)):

@@ -63,7 +63,10 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     def get_router(self, deployment: Deployment) -> dict[str, Any]:
         return {"host": deployment.router_host, "port": deployment.router_port,
-                "policy": deployment.router_policy}
+                "prefill_policy": deployment.prefill_policy,
+                "decode_policy": deployment.decode_policy,
+                "pd_policy": deployment.pd_policy,
+                "stall_budget_ms": deployment.stall_budget_ms}
 
 
 class VariantField(serializers.RelatedField):
@@ -113,7 +116,12 @@ class PoolSerializer(serializers.Serializer):
 
 class RouterSerializer(serializers.Serializer):
     port = serializers.IntegerField(required=False, validators=[validate_port])
-    policy = serializers.ChoiceField(choices=Deployment.RouterPolicy.choices, required=False)
+    prefill_policy = serializers.ChoiceField(choices=Deployment.RoutingPolicy.choices,
+                                             required=False)
+    decode_policy = serializers.ChoiceField(choices=Deployment.RoutingPolicy.choices,
+                                            required=False)
+    pd_policy = serializers.ChoiceField(choices=Deployment.PDPolicy.choices, required=False)
+    stall_budget_ms = serializers.IntegerField(required=False, min_value=1, max_value=60_000)
 
 
 class PlanSerializer(serializers.ModelSerializer):
@@ -155,8 +163,9 @@ class PlanSerializer(serializers.ModelSerializer):
         router = data.pop("router", {})
         if "port" in router:
             data["router_port"] = router["port"]
-        if "policy" in router:
-            data["router_policy"] = router["policy"]
+        for key in ("prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms"):
+            if key in router:
+                data[key] = router[key]
         return PlanInput(fields=data, pools=pools, partial=self.partial)
 
 
