@@ -19,6 +19,7 @@ from aiohttp import web
 from yarl import URL
 
 from inference.router.backends import Backend
+from inference.router.keys_admin import KeysAdmin
 from inference.router.prompts import RequestError
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class AdminAPI:
         app.router.add_get(PATH, self.list_backends)
         app.router.add_post(PATH, self.add_backend)
         app.router.add_delete(PATH, self.remove_backend)
+        KeysAdmin(self.router.gate, self._denied).add_routes(app)
 
     def _denied(self, request: web.Request) -> web.Response | None:
         if self.token is None:

@@ -13,6 +13,10 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 class RouterMetrics:
     registry: CollectorRegistry
     requests: Counter
+    auth_failures: Counter
+    rate_limited: Counter
+    rate_limit_store_errors: Counter
+    key_requests: Counter
     prefill_seconds: Histogram
     first_byte_seconds: Histogram
     in_flight: Gauge
@@ -39,6 +43,27 @@ class RouterMetrics:
             requests=Counter(
                 "pdserve_router_requests", "Requests answered, by endpoint and HTTP status",
                 ["endpoint", "status"], registry=registry,
+            ),
+            auth_failures=Counter(
+                "pdserve_router_auth_failures",
+                "Requests refused with 401, by reason (missing, invalid, revoked, out_of_scope)",
+                ["reason"], registry=registry,
+            ),
+            rate_limited=Counter(
+                "pdserve_router_rate_limited",
+                "Requests refused with 429, by the key's limit they exceeded",
+                ["limit"], registry=registry,
+            ),
+            rate_limit_store_errors=Counter(
+                "pdserve_router_rate_limit_store_errors",
+                "Failed calls to the Redis that holds the rate-limit counters; the router counts "
+                "in its own memory meanwhile",
+                registry=registry,
+            ),
+            key_requests=Counter(
+                "pdserve_router_key_requests",
+                "Requests admitted per API key, labelled by the key's public prefix",
+                ["key"], registry=registry,
             ),
             prefill_seconds=Histogram(
                 "pdserve_router_prefill_seconds",

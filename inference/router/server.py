@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import json
 import logging
 import time
@@ -35,9 +34,11 @@ from inference.router.backends import (
     probe_forever,
 )
 from inference.router.config import RouterConfig, build_parser, config_from_args
+from inference.router.keys import ApiKey, AuthFailure, Gatekeeper, load_key_file
 from inference.router.metrics import RouterMetrics
 from inference.router.policies import make_policy
 from inference.router.prompts import ParsedRequest, PromptChecker, RequestError
+from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
     BackendFailure,
@@ -72,6 +73,12 @@ class Router:
         self.config = config
         self.checker = checker
         self.metrics = RouterMetrics.create()
+        self.gate = Gatekeeper(load_key_file(config.keys_file) if config.keys_file else None,
+                               legacy_key=config.api_key)
+        # A PD request makes two worker calls, each within the request timeout; a lease
+        # outliving both belongs to a replica that died.
+        self.limiter = RateLimiter(config.redis_url, lease_ttl_s=2 * config.request_timeout_s + 30,
+                                   on_store_error=self.metrics.rate_limit_store_errors.inc)
         self.channel_uses_params = uses_transfer_params(config.kv_channel)
         if config.mode == "colocated":
             members = {"colocated": (config.colocated_urls, config.colocated_policy)}
@@ -106,6 +113,7 @@ class Router:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await close_sessions(list(self.pools.values()))
+        await self.limiter.close()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
@@ -194,7 +202,7 @@ class Router:
 
     async def models(self, request: web.Request) -> web.Response:
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        if (denied := self._check_auth(request, request_id)) is not None:
+        if isinstance(denied := self._check_auth(request, request_id), web.Response):
             return denied
         return web.json_response({
             "object": "list",
@@ -207,16 +215,32 @@ class Router:
             }],
         })
 
-    def _check_auth(self, request: web.Request, request_id: str) -> web.Response | None:
-        if self.config.api_key is None:
-            return None
-        supplied = request.headers.get("Authorization", "")
-        expected = f"Bearer {self.config.api_key}"
-        if hmac.compare_digest(supplied.encode("utf-8", "surrogateescape"), expected.encode()):
-            return None
-        return error_response(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                              request_id, code="invalid_api_key",
-                              headers={"WWW-Authenticate": "Bearer"})
+    def _check_auth(self, request: web.Request, request_id: str) -> ApiKey | web.Response | None:
+        """The caller's key (None: no key needed, or the legacy PDSERVE_API_KEY), or a 401."""
+        try:
+            return self.gate.check(request.headers.get("Authorization", ""))
+        except AuthFailure as exc:
+            self.metrics.auth_failures.labels(exc.reason).inc()
+            return error_response(401, exc.message, request_id, code="invalid_api_key",
+                                  headers={"WWW-Authenticate": "Bearer"})
+
+    async def _admit(self, key: ApiKey, parsed: ParsedRequest) -> Ticket | None:
+        # Tokenizes the prompt (on demand, see prompts.py) only for a key with a prompt limit.
+        prompt_tokens = len(parsed.prompt_token_ids) if key.limits.prompt_tokens_per_minute else 0
+        ticket = await self.limiter.admit(key, prompt_tokens, parsed.max_tokens)
+        self.metrics.key_requests.labels(key.label).inc()
+        return ticket
+
+    async def _settle(self, key: ApiKey, ticket: Ticket | None, timeline: Timeline) -> None:
+        """Runs on every exit of an admitted request: answered, failed, timed out, cancelled."""
+        generated = generated_estimate(timeline.completion_tokens, timeline.stream_chunks,
+                                       timeline.endpoint)
+        key.usage.generated_tokens += generated
+        key.usage.prompt_tokens += timeline.prompt_tokens or 0
+        if ticket is not None:
+            # Shielded: a client that disconnects cancels this handler, and the lease and the
+            # unused reservation must still be given back.
+            await asyncio.shield(self.limiter.settle(ticket, generated))
 
     # ---- inference -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -248,8 +272,8 @@ class Router:
     async def _serve_inner(self, request: web.Request, endpoint: str,
                            timeline: Timeline) -> web.StreamResponse:
         request_id = timeline.request_id
-        if (denied := self._check_auth(request, request_id)) is not None:
-            return denied
+        if isinstance(key := self._check_auth(request, request_id), web.Response):
+            return key
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -263,6 +287,15 @@ class Router:
             parsed = self.checker.parse(endpoint, body)
         except RequestError as exc:
             return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+        ticket = None
+        if key is not None:
+            try:
+                ticket = await self._admit(key, parsed)
+            except Refused as exc:
+                self.metrics.rate_limited.labels(exc.limit).inc()
+                return error_response(429, exc.message, request_id, param=exc.limit,
+                                      code="rate_limit_exceeded",
+                                      headers={"Retry-After": str(exc.retry_after_s)})
 
         try:
             return await self._dispatch(request, parsed, raw, timeline)
@@ -271,6 +304,8 @@ class Router:
             # usage may have told it too.
             if parsed.prompt.known_length is not None:
                 timeline.prompt_tokens = parsed.prompt.known_length
+            if key is not None:
+                await self._settle(key, ticket, timeline)
 
     async def _dispatch(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
                         timeline: Timeline) -> web.StreamResponse:

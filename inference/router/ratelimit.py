@@ -1,0 +1,336 @@
+"""Per-key rate limits, split by phase: requests, prompt tokens (prefill) and generated tokens
+(decode) per minute, and requests in flight.
+
+Each per-minute limit is a sliding-window counter: this minute's count plus last minute's,
+weighted by how much of last minute still lies within the past 60 s (the algorithm of
+Cloudflare's and the ``limits`` library's sliding window counter). Generated tokens are reserved
+up front (the request's ``max_tokens``, or ``DEFAULT_RESERVED_TOKENS``, never more than the
+limit itself) and reconciled when the answer ends, so a short answer gives back what it did
+not use. In-flight requests are leases that expire after the request timeout, so a replica that
+dies cannot hold a slot forever.
+
+Why not the ``limits`` library: it has no refund (the generated-token reservation needs one),
+no concurrency limit, and checks one limit per call; four limits would take three or more Redis
+round trips and leave earlier hits counted when a later limit refuses. Here one Lua script
+checks all four and applies them only if all pass (one round trip in, one out), and the
+in-memory store runs the same arithmetic.
+
+With ``REDIS_URL`` the counters live in Redis and are shared by every router replica. When
+Redis fails (refused, timed out), the router falls back to its own in-memory counters for
+``REDIS_RETRY_S`` and then tries Redis again: limits stay enforced per replica (fail-open for
+the cluster-wide total, closed for any one replica), and inference never stops for want of
+Redis. ``pdserve_router_rate_limit_store_errors_total`` counts these failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis.asyncio as redis
+from redis.exceptions import RedisError
+
+from inference.router.keys import ApiKey, Limits
+
+log = logging.getLogger("pdserve.router")
+
+WINDOW_S = 60
+DEFAULT_RESERVED_TOKENS = 256
+REDIS_RETRY_S = 1.0
+REDIS_TIMEOUT_S = 0.25
+# Which limit refused, as named in the 429 body and the metric's label.
+LIMIT_LABELS = ("requests_per_minute", "prompt_tokens_per_minute", "generated_tokens_per_minute",
+                "max_concurrency")
+# A slot frees when some request ends, which the router cannot foresee.
+CONCURRENCY_RETRY_S = 1
+# A Redis that refuses, resets or times out (redis-py raises its own errors, or OSError).
+STORE_ERRORS = (RedisError, OSError)
+
+
+class Refused(Exception):
+    """Over a limit: ``limit`` names it, ``retry_after_s`` is when to try again."""
+
+    def __init__(self, limit: str, retry_after_s: int, message: str):
+        super().__init__(message)
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.message = message
+
+
+@dataclass
+class Ticket:
+    """What a request holds while it runs: given back by ``RateLimiter.settle``."""
+
+    key: ApiKey
+    store: Store
+    lease: str | None
+    reserved: int  # generated tokens reserved; 0 when the key has no such limit
+    window: int  # the minute the reservation was counted in
+
+
+class Store(Protocol):
+    async def admit(self, prefix: str, costs: tuple[tuple[int, int], ...], max_concurrency: int,
+                    lease: str, lease_ttl_s: float) -> tuple[int, int]: ...
+
+    async def settle(self, prefix: str, lease: str | None, window: int, delta: int) -> None: ...
+
+
+def wait_seconds(previous: float, current: float, cost: int, limit: int, elapsed: float) -> float:
+    """How long until ``cost`` fits under ``limit`` in a sliding window now holding ``previous``
+    and ``current`` counts, ``elapsed`` (0-1) into the current minute."""
+    if cost > limit:
+        return WINDOW_S
+    if current + cost <= limit and previous > 0:
+        # Later in this minute, once enough of last minute has slid out.
+        fraction = 1 - (limit - current - cost) / previous
+        return max(0.0, (fraction - elapsed) * WINDOW_S)
+    # Next minute, once enough of this one has slid out.
+    fraction = max(0.0, 1 - (limit - cost) / current) if current > 0 else 0.0
+    return ((1 - elapsed) + fraction) * WINDOW_S
+
+
+class MemoryStore:
+    """The counters of one router process. Single-threaded asyncio: each call is atomic."""
+
+    def __init__(self) -> None:
+        # (prefix, limit index) -> [minute, count this minute, count last minute]
+        self.counters: dict[tuple[str, int], list[int]] = {}
+        self.leases: dict[str, dict[str, float]] = {}
+
+    def _counter(self, prefix: str, index: int, minute: int) -> list[int]:
+        counter = self.counters.setdefault((prefix, index), [minute, 0, 0])
+        if counter[0] != minute:
+            counter[2] = counter[1] if counter[0] == minute - 1 else 0
+            counter[1] = 0
+            counter[0] = minute
+        return counter
+
+    async def admit(self, prefix: str, costs: tuple[tuple[int, int], ...], max_concurrency: int,
+                    lease: str, lease_ttl_s: float) -> tuple[int, int]:
+        now = time.time()
+        minute = int(now // WINDOW_S)
+        elapsed = (now - minute * WINDOW_S) / WINDOW_S
+        for index, (limit, cost) in enumerate(costs):
+            if limit and cost:
+                _, current, previous = self._counter(prefix, index, minute)
+                if previous * (1 - elapsed) + current + cost > limit:
+                    return index + 1, math.ceil(wait_seconds(previous, current, cost, limit, elapsed))
+        if max_concurrency:
+            leases = self.leases.setdefault(prefix, {})
+            for stale in [name for name, expiry in leases.items() if expiry <= now]:
+                del leases[stale]
+            if len(leases) >= max_concurrency:
+                return 4, CONCURRENCY_RETRY_S
+            leases[lease] = now + lease_ttl_s
+        for index, (limit, cost) in enumerate(costs):
+            if limit and cost:
+                self._counter(prefix, index, minute)[1] += cost
+        return 0, minute
+
+    async def settle(self, prefix: str, lease: str | None, window: int, delta: int) -> None:
+        if lease is not None:
+            self.leases.get(prefix, {}).pop(lease, None)
+        if not delta:
+            return
+        minute = int(time.time() // WINDOW_S)
+        counter = self._counter(prefix, 2, minute)
+        if delta > 0:
+            counter[1] += delta
+        elif window == minute:
+            counter[1] = max(0, counter[1] + delta)
+        elif window == minute - 1:
+            counter[2] = max(0, counter[2] + delta)
+
+
+# KEYS[1]: the key's base name. ARGV: limit and cost of requests, prompt tokens and generated
+# tokens (limit 0: none), max concurrency (0: none), lease id, lease TTL in seconds.
+# Returns {0, minute} when admitted, else {limit number 1-4, seconds to wait}.
+ADMIT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local W = __WINDOW__
+local minute = math.floor(now / W)
+local elapsed = (now - minute * W) / W
+local base = KEYS[1]
+for i = 1, 3 do
+  local limit = tonumber(ARGV[2 * i - 1])
+  local cost = tonumber(ARGV[2 * i])
+  if limit > 0 and cost > 0 then
+    local cur = tonumber(redis.call('GET', base .. ':' .. i .. ':' .. minute) or '0')
+    local prev = tonumber(redis.call('GET', base .. ':' .. i .. ':' .. (minute - 1)) or '0')
+    if prev * (1 - elapsed) + cur + cost > limit then
+      local wait
+      if cost > limit then
+        wait = W
+      elseif cur + cost <= limit and prev > 0 then
+        wait = math.max(0, (1 - (limit - cur - cost) / prev - elapsed) * W)
+      else
+        local f = 0
+        if cur > 0 then f = math.max(0, 1 - (limit - cost) / cur) end
+        wait = ((1 - elapsed) + f) * W
+      end
+      return {i, math.ceil(wait)}
+    end
+  end
+end
+local maxc = tonumber(ARGV[7])
+if maxc > 0 then
+  local ck = base .. ':c'
+  redis.call('ZREMRANGEBYSCORE', ck, '-inf', now)
+  if redis.call('ZCARD', ck) >= maxc then return {4, __CONCURRENCY_RETRY__} end
+  local ttl = tonumber(ARGV[9])
+  redis.call('ZADD', ck, now + ttl, ARGV[8])
+  redis.call('EXPIRE', ck, math.ceil(ttl) + 10)
+end
+for i = 1, 3 do
+  local limit = tonumber(ARGV[2 * i - 1])
+  local cost = tonumber(ARGV[2 * i])
+  if limit > 0 and cost > 0 then
+    local k = base .. ':' .. i .. ':' .. minute
+    redis.call('INCRBY', k, cost)
+    redis.call('EXPIRE', k, 2 * W + 10)
+  end
+end
+return {0, minute}
+""".replace("__WINDOW__", str(WINDOW_S)).replace("__CONCURRENCY_RETRY__", str(CONCURRENCY_RETRY_S))
+
+# KEYS[1]: base name. ARGV: lease id ('' for none), the reservation's minute, generated tokens
+# used minus reserved.
+SETTLE_LUA = """
+local base = KEYS[1]
+if ARGV[1] ~= '' then redis.call('ZREM', base .. ':c', ARGV[1]) end
+local delta = tonumber(ARGV[3])
+if delta > 0 then
+  local t = redis.call('TIME')
+  local k = base .. ':3:' .. math.floor(tonumber(t[1]) / __WINDOW__)
+  redis.call('INCRBY', k, delta)
+  redis.call('EXPIRE', k, 2 * __WINDOW__ + 10)
+elseif delta < 0 then
+  local k = base .. ':3:' .. ARGV[2]
+  local v = redis.call('GET', k)
+  if v then
+    local n = math.max(0, tonumber(v) + delta)
+    redis.call('SET', k, n, 'KEEPTTL')
+  end
+end
+return 0
+""".replace("__WINDOW__", str(WINDOW_S))
+
+
+class RedisStore:
+    """Counters shared by every replica through one Redis; each call is one atomic script."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
+                                           socket_connect_timeout=REDIS_TIMEOUT_S)
+        self._admit = self.client.register_script(ADMIT_LUA)
+        self._settle = self.client.register_script(SETTLE_LUA)
+
+    @staticmethod
+    def _base(prefix: str) -> str:
+        # The hash tag keeps one key's counters in one slot should the Redis be a cluster.
+        return f"pdserve:rl:{{{prefix}}}"
+
+    async def admit(self, prefix: str, costs: tuple[tuple[int, int], ...], max_concurrency: int,
+                    lease: str, lease_ttl_s: float) -> tuple[int, int]:
+        args: list[Any] = [value for pair in costs for value in pair]
+        args += [max_concurrency, lease, lease_ttl_s]
+        result = await self._admit(keys=[self._base(prefix)], args=args)
+        return int(result[0]), int(result[1])
+
+    async def settle(self, prefix: str, lease: str | None, window: int, delta: int) -> None:
+        await self._settle(keys=[self._base(prefix)], args=[lease or "", window, delta])
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class RateLimiter:
+    def __init__(self, redis_url: str | None, lease_ttl_s: float,
+                 on_store_error: Callable[[], None] | None = None) -> None:
+        self.memory = MemoryStore()
+        self.redis = RedisStore(redis_url) if redis_url else None
+        self.lease_ttl_s = lease_ttl_s
+        self._redis_down_until = 0.0
+        self._on_store_error = on_store_error
+
+    def _store(self) -> Store:
+        if self.redis is not None and time.monotonic() >= self._redis_down_until:
+            return self.redis
+        return self.memory
+
+    def _redis_failed(self, exc: BaseException) -> None:
+        log.warning("rate-limit store: Redis failed (%s: %s); using this router's in-memory "
+                    "counters for %.0f s", type(exc).__name__, exc, REDIS_RETRY_S)
+        self._redis_down_until = time.monotonic() + REDIS_RETRY_S
+        if self._on_store_error is not None:
+            self._on_store_error()
+
+    async def admit(self, key: ApiKey, prompt_tokens: int, max_tokens: int | None) -> Ticket | None:
+        """Count the request against ``key``'s limits, or raise Refused. None: nothing to
+        give back (the key has no limits). ``prompt_tokens`` matters only with a prompt limit."""
+        limits = key.limits
+        if not limits.any:
+            return None
+        reserved = reservation(limits, max_tokens)
+        costs = ((limits.requests_per_minute or 0, 1),
+                 (limits.prompt_tokens_per_minute or 0, prompt_tokens),
+                 (limits.generated_tokens_per_minute or 0, reserved))
+        lease = uuid.uuid4().hex if limits.max_concurrency else None
+        store = self._store()
+        args = (key.prefix, costs, limits.max_concurrency or 0, lease or "", self.lease_ttl_s)
+        try:
+            refused, value = await store.admit(*args)
+        except STORE_ERRORS as exc:
+            self._redis_failed(exc)
+            store = self.memory
+            refused, value = await store.admit(*args)
+        if refused:
+            key.usage.rate_limited += 1
+            raise Refused(LIMIT_LABELS[refused - 1], max(1, value), _message(limits, refused, costs))
+        return Ticket(key, store, lease, reserved, value)
+
+    async def settle(self, ticket: Ticket, generated: int) -> None:
+        """Give back the lease and what was reserved but not generated (or charge the excess)."""
+        delta = generated - ticket.reserved if ticket.reserved else 0
+        try:
+            await ticket.store.settle(ticket.key.prefix, ticket.lease, ticket.window, delta)
+        except STORE_ERRORS as exc:
+            # The lease expires by itself after the request timeout.
+            self._redis_failed(exc)
+
+    async def close(self) -> None:
+        if self.redis is not None:
+            await self.redis.close()
+
+
+def reservation(limits: Limits, max_tokens: int | None) -> int:
+    if limits.generated_tokens_per_minute is None:
+        return 0
+    # Never more than the limit: a request asking for more could otherwise never start, though
+    # it may well stop early. The excess, if any, is charged when it ends.
+    return min(max_tokens or DEFAULT_RESERVED_TOKENS, limits.generated_tokens_per_minute)
+
+
+def generated_estimate(completion_tokens: int | None, stream_chunks: int, endpoint: str) -> int:
+    """Tokens an answer generated: the usage of a non-streamed answer; for a streamed one, its
+    SSE events less the framing ones (vLLM streams one event per token step; chat opens with a
+    role-only event; both end with [DONE]). A usage event, if asked for, counts one too many."""
+    if completion_tokens is not None:
+        return completion_tokens
+    return max(0, stream_chunks - (2 if endpoint == "chat" else 1))
+
+
+def _message(limits: Limits, refused: int, costs: tuple[tuple[int, int], ...]) -> str:
+    if refused == 4:
+        return f"rate limit exceeded: max_concurrency ({limits.max_concurrency} requests in flight)"
+    limit, cost = costs[refused - 1]
+    name = LIMIT_LABELS[refused - 1]
+    if cost > limit:
+        return f"rate limit exceeded: this request needs {cost}, more than {name} ({limit}) allows"
+    return f"rate limit exceeded: {name} ({limit})"
