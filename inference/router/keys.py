@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,11 @@ PREFIX_LEN = 8
 STATES = ("active", "revoked", "out_of_scope")
 LIMIT_NAMES = ("requests_per_minute", "prompt_tokens_per_minute", "generated_tokens_per_minute",
                "max_concurrency")
+
+
+def new_key() -> str:
+    """A fresh key: ``pds_`` + 8 hex characters (public) + ``_`` + 43 characters of secret."""
+    return f"{KEY_PREFIX}{secrets.token_hex(PREFIX_LEN // 2)}_{secrets.token_urlsafe(32)}"
 
 
 def key_hash(key: str) -> str:
