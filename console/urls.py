@@ -12,10 +12,12 @@ urlpatterns = [
     path("api/v1/", include("console.catalog.api.urls")),
     path("api/v1/", include("console.fleet.api.urls")),
     path("api/v1/", include("console.live.api.urls")),
+    path("api/v1/", include("console.quality.api.urls")),
     path("", include("console.live.log_urls")),
     path("", include("console.live.urls")),
     path("", include("console.playground.urls")),
     path("", include("console.catalog.urls")),
     path("", include("console.fleet.urls")),
+    path("", include("console.quality.urls")),
     path("", include("console.deployments.urls")),
 ]

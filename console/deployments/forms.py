@@ -37,10 +37,15 @@ class PlanForm(forms.ModelForm):
         fields = ["name", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "dtype", "engine_version", "sampling_defaults", "router_port",
-                  "prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms"]
+                  "prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms",
+                  "gate_mode", "gate_prompts", "gate_min_agreement", "gate_max_mean_delta",
+                  "gate_action"]
         labels = {"max_model_len": "Context length", "kv_cache_gib": "KV cache size (GiB)",
                   "kv_cache_dtype": "KV cache dtype", "dtype": "Compute dtype",
-                  "kv_channel": "Transfer channel", "block_size": "Block size"}
+                  "kv_channel": "Transfer channel", "block_size": "Block size",
+                  "gate_mode": "Output gate", "gate_prompts": "Gate prompts",
+                  "gate_min_agreement": "Gate: min top-1 agreement",
+                  "gate_max_mean_delta": "Gate: max mean |Δ logprob|", "gate_action": "Gate action"}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -89,6 +89,15 @@ class Deployment(models.Model):
         ADAPTIVE = "pd_adaptive", "adaptive (per request, from measured prefill speed and load)"
         REMOTE = "remote", "always on a prefill worker (beyond one KV block)"
 
+    class GateMode(models.TextChoices):
+        AUTO = "auto", "auto (on when prefill and decode use different or quantized variants)"
+        ON = "on", "on"
+        OFF = "off", "off"
+
+    class GateAction(models.TextChoices):
+        BLOCK = "block", "block traffic (the router is not started)"
+        WARN = "warn", "warn (traffic flows, the page warns)"
+
     name = models.SlugField(max_length=100, unique=True, validators=[validate_deployment_name])
     base_model = models.ForeignKey("catalog.BaseModel", on_delete=models.PROTECT,
                                    related_name="deployments")
@@ -144,6 +153,24 @@ class Deployment(models.Model):
         default=250, validators=[MinValueValidator(1), MaxValueValidator(60_000)],
         help_text="adaptive: the longest a decode worker's streams may pause for a prompt it "
                   "prefills itself")
+    # The output gate (console/quality): after a start the workers' answers are compared with
+    # the base model's before the router is started.
+    gate_mode = models.CharField(
+        max_length=10, choices=GateMode.choices, default=GateMode.AUTO,
+        help_text="whether the output gate runs after a start")
+    gate_prompts = models.PositiveSmallIntegerField(
+        default=8, validators=[MinValueValidator(1), MaxValueValidator(16)],
+        help_text="reference prompts the gate runs (1-16)")
+    gate_min_agreement = models.FloatField(
+        default=0.9, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="lowest share of answer tokens where each worker's top-1 token is the "
+                  "reference's (0-1)")
+    gate_max_mean_delta = models.FloatField(
+        default=0.5, validators=[MinValueValidator(0.0), MaxValueValidator(100.0)],
+        help_text="highest mean |Δ logprob| (nats) of the reference's tokens per worker")
+    gate_action = models.CharField(
+        max_length=10, choices=GateAction.choices, default=GateAction.BLOCK,
+        help_text="what a failing gate does")
     desired_state = models.CharField(max_length=10, choices=DesiredState.choices,
                                      default=DesiredState.STOPPED)
     created = models.DateTimeField(auto_now_add=True)

@@ -10,6 +10,8 @@ from django.conf import settings
 
 from console.checks.runner import enforce_handshake_compat
 from console.deployments.models import Deployment, WorkerPlan
+from console.gateway.router_admin import admin_token
+from console.gateway.services import write_keys_file
 from inference.kv_channels import KVChannel, make_channel
 from inference.launch import WorkerSpec, build_command
 
@@ -110,6 +112,10 @@ def process_specs(deployment: Deployment) -> list[ProcessSpec]:
     router_env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if settings.PDSERVE_API_KEY:
         router_env["PDSERVE_API_KEY"] = settings.PDSERVE_API_KEY
+    # The router reads the current key set at start; the console pushes later changes through
+    # the admin API with this token (environment, never argv: argv shows in `ps`).
+    router_env["PDSERVE_ROUTER_ADMIN_TOKEN"] = admin_token(deployment)
+    router_args = [*router_argv(deployment, workers), "--keys-file", str(write_keys_file(deployment))]
     specs.append(ProcessSpec(slot="router", role="router", port=deployment.router_port,
-                             argv=router_argv(deployment, workers), env=router_env))
+                             argv=router_args, env=router_env))
     return specs

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from django.conf import settings
 
 from console.deployments.models import Deployment
 
@@ -42,12 +41,11 @@ def build_body(deployment: Deployment, raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def stream_chat(deployment_url: str, body: dict[str, Any],
-                      request_id: str) -> AsyncIterator[bytes]:
-    """Yield the router's SSE bytes; a failure becomes one SSE error event, never a hang."""
-    headers = {"X-Request-Id": request_id}
-    if settings.PDSERVE_API_KEY:
-        headers["Authorization"] = f"Bearer {settings.PDSERVE_API_KEY}"
+async def stream_chat(deployment_url: str, body: dict[str, Any], request_id: str,
+                      api_key: str) -> AsyncIterator[bytes]:
+    """Yield the router's SSE bytes; a failure becomes one SSE error event, never a hang.
+    ``api_key``: the console's own key for the deployment (console/gateway/router_admin.py)."""
+    headers = {"X-Request-Id": request_id, "Authorization": f"Bearer {api_key}"}
     timeout = httpx.Timeout(600.0, connect=3.0)
     try:
         async with httpx.AsyncClient(timeout=timeout) as client, client.stream(

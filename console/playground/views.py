@@ -9,6 +9,7 @@ from django.shortcuts import aget_object_or_404, get_object_or_404, render
 from django.views.decorators.http import require_POST
 
 from console.deployments.models import Deployment
+from console.gateway.router_admin import console_key
 from console.playground.proxy import ChatInputError, build_body, stream_chat
 
 
@@ -34,8 +35,9 @@ async def chat(request: HttpRequest, pk: int) -> HttpResponse:
     except ChatInputError as exc:
         return JsonResponse({exc.field: [str(exc)]}, status=400)
     request_id = f"playground-{uuid.uuid4().hex[:16]}"
-    response = StreamingHttpResponse(stream_chat(deployment.router_url, body, request_id),
-                                     content_type="text/event-stream")
+    response = StreamingHttpResponse(
+        stream_chat(deployment.router_url, body, request_id, console_key(deployment)),
+        content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Request-Id"] = request_id
     return response

@@ -15,6 +15,7 @@ from console.deployments.plans import (
 )
 from console.deployments.status import overall_state
 from console.fleet.models import Node
+from console.quality.api.serializers import GateSettingsSerializer, gate_settings, plan_fields
 from console.supervisor.models import ManagedProcess
 from console.validators import validate_core_list, validate_port
 
@@ -47,6 +48,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
     state = serializers.SerializerMethodField()
     router_url = serializers.CharField()
     router = serializers.SerializerMethodField()
+    gate = serializers.SerializerMethodField()
     workers = WorkerPlanSerializer(many=True)
     processes = ProcessSerializer(many=True)
 
@@ -55,11 +57,14 @@ class DeploymentSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "dtype", "engine_version", "sampling_defaults", "router",
-                  "router_url", "desired_state", "state", "workers", "processes", "created",
+                  "gate", "router_url", "desired_state", "state", "workers", "processes", "created",
                   "updated"]
 
     def get_state(self, deployment: Deployment) -> str:
         return overall_state(deployment, list(deployment.processes.all()))
+
+    def get_gate(self, deployment: Deployment) -> dict[str, Any]:
+        return gate_settings(deployment)
 
     def get_router(self, deployment: Deployment) -> dict[str, Any]:
         return {"host": deployment.router_host, "port": deployment.router_port,
@@ -132,13 +137,14 @@ class PlanSerializer(serializers.ModelSerializer):
     decode = PoolSerializer(required=False)
     colocated = PoolSerializer(required=False)
     router = RouterSerializer(required=False)
+    gate = GateSettingsSerializer(required=False)
 
     class Meta:
         model = Deployment
         fields = ["name", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "dtype", "engine_version", "sampling_defaults", "prefill",
-                  "decode", "colocated", "router"]
+                  "decode", "colocated", "router", "gate"]
 
     def validate_name(self, name: str) -> str:
         if self.instance is not None and name != self.instance.name:
@@ -166,6 +172,7 @@ class PlanSerializer(serializers.ModelSerializer):
         for key in ("prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms"):
             if key in router:
                 data[key] = router[key]
+        data.update(plan_fields(data.pop("gate", {})))
         return PlanInput(fields=data, pools=pools, partial=self.partial)
 
 

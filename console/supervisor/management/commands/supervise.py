@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.gateway.sync import KeySync
 from console.supervisor.models import ManagedProcess
 from console.supervisor.runner import Supervisor
 
@@ -51,6 +52,9 @@ class Command(BaseCommand):
         self.stdout.flush()
         supervisor.start_log_writer()
         supervisor.start_metrics_collector()
+        # Key usage into last_used_at, and key sets re-pushed to routers that missed a change.
+        key_sync = KeySync()
+        key_sync.start()
         try:
             while not self.stopping:
                 supervisor.tick()
@@ -60,6 +64,7 @@ class Command(BaseCommand):
             supervisor.stop_all()
             supervisor.stop_log_writer()
             supervisor.stop_metrics_collector()
+            key_sync.stop()
             self.stdout.write("supervisor: stopped")
             lock.close()
 

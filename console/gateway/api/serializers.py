@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from console.deployments.models import Deployment
+from console.gateway.models import LIMIT_FIELDS, ApiKey
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    """A key as listed (never its secret), and as created or updated: name, scope, limits."""
+
+    deployments = serializers.SlugRelatedField(
+        slug_field="name", many=True, required=False, queryset=Deployment.objects.all(),
+        help_text="names of the deployments the key is valid for (or set all_deployments)")
+    prefix = serializers.CharField(source="display_prefix", read_only=True)
+    state = serializers.CharField(read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "state", "all_deployments", "deployments",
+                  *LIMIT_FIELDS, "created_at", "created_by", "last_used_at", "revoked_at"]
+        read_only_fields = ["created_at", "last_used_at", "revoked_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        instance: ApiKey | None = self.instance
+        all_deployments = attrs.get("all_deployments",
+                                    instance.all_deployments if instance is not None else False)
+        if "deployments" in attrs:
+            deployments = attrs["deployments"]
+        else:
+            deployments = list(instance.deployments.all()) if instance is not None else []
+        if all_deployments and deployments:
+            raise serializers.ValidationError(
+                {"deployments": "leave empty when all_deployments is true"})
+        if not all_deployments and not deployments:
+            raise serializers.ValidationError(
+                {"deployments": "name at least one deployment, or set all_deployments to true"})
+        return attrs
+
+
+class CreatedApiKeySerializer(ApiKeySerializer):
+    """The answer to a create: the one time the full key is shown."""
+
+    key = serializers.SerializerMethodField(
+        help_text="the full key; shown only in this answer, stored only as a hash")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+
+    def get_key(self, _obj: ApiKey) -> str:
+        return str(self.context["secret"])

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from console.gateway.api.serializers import ApiKeySerializer, CreatedApiKeySerializer
+from console.gateway.models import LIMIT_FIELDS, ApiKey
+from console.gateway.services import create_key, revoke_key, update_key
+
+
+class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                    mixins.UpdateModelMixin, viewsets.GenericViewSet):
+    """Inference API keys. Keys are revoked, never deleted, so that a revoked key stays
+    refused (and named as revoked) by every router."""
+
+    serializer_class = ApiKeySerializer
+
+    def get_queryset(self) -> QuerySet[ApiKey]:
+        return ApiKey.objects.select_related("created_by").prefetch_related("deployments")
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        key, secret = create_key(
+            name=data["name"], deployments=data.get("deployments", []),
+            all_deployments=data.get("all_deployments", False),
+            limits={field: data.get(field) for field in LIMIT_FIELDS}, user=request.user)
+        answer = CreatedApiKeySerializer(key, context={**self.get_serializer_context(),
+                                                       "secret": secret})
+        return Response(answer.data, status=status.HTTP_201_CREATED)
+
+    def perform_update(self, serializer: ApiKeySerializer) -> None:  # type: ignore[override]
+        serializer.instance = update_key(serializer.instance, dict(serializer.validated_data))
+
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str | None = None) -> Response:
+        """Revoke the key: every router refuses it from its next request on."""
+        key = revoke_key(self.get_object())
+        return Response(self.get_serializer(key).data)

@@ -1,0 +1,59 @@
+"""Inference API keys: made in the console, shown once, stored as a SHA-256 hash, scoped to
+deployments, revocable, each with optional per-key limits the routers enforce."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from inference.router.keys import KEY_PREFIX
+
+LIMIT_FIELDS = ("requests_per_minute", "prompt_tokens_per_minute", "generated_tokens_per_minute",
+                "max_concurrency")
+LIMIT_VALIDATORS = [MinValueValidator(1), MaxValueValidator(1_000_000_000)]
+
+
+def _limit(help_text: str) -> models.PositiveIntegerField:
+    return models.PositiveIntegerField(null=True, blank=True, validators=LIMIT_VALIDATORS,
+                                       help_text=f"{help_text}; empty: unlimited")
+
+
+class ApiKey(models.Model):
+    name = models.CharField(max_length=100)
+    # The public part of the key (``pds_<prefix>_...``): lists show it, the router finds the
+    # key by it.
+    prefix = models.CharField(max_length=8, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    all_deployments = models.BooleanField(default=False)
+    deployments = models.ManyToManyField("deployments.Deployment", blank=True, related_name="api_keys")
+    requests_per_minute = _limit("requests per minute")
+    prompt_tokens_per_minute = _limit("prompt tokens per minute (protects prefill)")
+    generated_tokens_per_minute = _limit("generated tokens per minute (protects decode)")
+    max_concurrency = _limit("requests in flight at once")
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.display_prefix})"
+
+    @property
+    def display_prefix(self) -> str:
+        return f"{KEY_PREFIX}{self.prefix}…"
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    @property
+    def state(self) -> str:
+        return "revoked" if self.revoked else "active"
+
+    def limits(self) -> dict[str, int | None]:
+        return {name: getattr(self, name) for name in LIMIT_FIELDS}

@@ -1,0 +1,138 @@
+"""API keys: create (the secret returned once), update, revoke, and the key set each
+deployment's router receives (hashes, states, limits; never a secret)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from console.deployments.models import Deployment
+from console.gateway.models import LIMIT_FIELDS, ApiKey
+from console.gateway.router_admin import console_key, push_keys
+from inference.router.keys import key_hash, new_key, public_prefix
+
+
+def create_key(*, name: str, deployments: Iterable[Deployment], all_deployments: bool,
+               limits: dict[str, int | None], user: AbstractBaseUser | None) -> tuple[ApiKey, str]:
+    """A new key and its secret, which is not stored and cannot be shown again."""
+    for _attempt in range(5):
+        secret = new_key()
+        try:
+            with transaction.atomic():
+                key = ApiKey.objects.create(
+                    name=name, prefix=public_prefix(secret), key_hash=key_hash(secret),
+                    all_deployments=all_deployments,
+                    created_by=user if user is not None and user.is_authenticated else None,
+                    **{field: limits.get(field) for field in LIMIT_FIELDS})
+                key.deployments.set(list(deployments))
+        except IntegrityError:
+            continue  # a prefix already taken (1 in 4 billion per key): draw again
+        keys_changed()
+        return key, secret
+    raise RuntimeError("could not draw an unused key prefix")
+
+
+@transaction.atomic
+def update_key(key: ApiKey, changes: dict[str, Any]) -> ApiKey:
+    deployments = changes.pop("deployments", None)
+    for name, value in changes.items():
+        setattr(key, name, value)
+    key.save()
+    if deployments is not None:
+        key.deployments.set(list(deployments))
+    keys_changed()
+    return key
+
+
+@transaction.atomic
+def revoke_key(key: ApiKey) -> ApiKey:
+    """Revoked from the next request on; revoking twice keeps the first time."""
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+        keys_changed()
+    return key
+
+
+def keys_changed() -> None:
+    """Once the change is committed: rewrite every deployment's key file (read by a router at
+    start) and push the new sets to the routers running now."""
+    transaction.on_commit(_publish)
+
+
+def _publish() -> None:
+    for deployment in Deployment.objects.all():
+        write_keys_file(deployment)
+        push_keys(deployment, key_set(deployment))
+
+
+def in_scope(key: ApiKey, deployment: Deployment) -> bool:
+    return key.all_deployments or any(d.pk == deployment.pk for d in key.deployments.all())
+
+
+def key_set(deployment: Deployment) -> dict[str, Any]:
+    """What ``deployment``'s router is told (see inference/router/keys.py).
+
+    Keys of other deployments are listed as out of scope so that the router can say why it
+    refuses them. A key is required as soon as any key, even a revoked one, was made for this
+    deployment: revoking a leaked last key must not open the router.
+    """
+    keys = list(ApiKey.objects.prefetch_related("deployments").order_by("pk"))
+    entries = []
+    for key in keys:
+        scoped = in_scope(key, deployment)
+        state = "revoked" if key.revoked else "active" if scoped else "out_of_scope"
+        entries.append({"id": key.pk, "prefix": key.prefix, "hash": key.key_hash, "state": state,
+                        "limits": key.limits()})
+    own = console_key(deployment)
+    # The console's own key (the playground's), derived from the secret key, never stored.
+    entries.append({"id": "console", "prefix": public_prefix(own), "hash": key_hash(own),
+                    "state": "active", "limits": {}})
+    body = {"require_key": any(in_scope(key, deployment) for key in keys), "keys": entries}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    return {"version": digest, **body}
+
+
+def keys_file_path(deployment: Deployment) -> Path:
+    return Path(settings.DATA_DIR) / "keys" / f"{deployment.name}.json"
+
+
+def write_keys_file(deployment: Deployment) -> Path:
+    """Write the key set where the router reads it at start: 0600, replaced in one rename so a
+    starting router never reads half a file."""
+    path = keys_file_path(deployment)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(key_set(deployment), out)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def record_usage(usage: dict[str, Any]) -> int:
+    """Store the routers' last-use times (``GET /admin/keys/usage``). Returns keys updated."""
+    updated = 0
+    for key_id, counts in (usage.get("keys") or {}).items():
+        last_used = counts.get("last_used") if isinstance(counts, dict) else None
+        if not str(key_id).isdigit() or not isinstance(last_used, (int, float)):
+            continue
+        when = datetime.fromtimestamp(last_used, tz=timezone.get_current_timezone())
+        # Only forward in time: several routers (and replicas) report the same key.
+        updated += ApiKey.objects.filter(pk=int(key_id)).exclude(last_used_at__gte=when).update(
+            last_used_at=when)
+    return updated

@@ -1,0 +1,64 @@
+"""Keeping routers and the console in step, from the supervisor: every few seconds each running
+router reports key usage (stored as ``last_used_at``) and the version of its key set; a router
+whose version is not the console's (it started while keys changed, or missed a push) gets the
+current set."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from console.deployments.models import Deployment
+from console.gateway.router_admin import fetch_usage, push_keys
+from console.gateway.services import key_set, record_usage
+from console.supervisor.models import ManagedProcess
+
+log = logging.getLogger("pdserve.gateway")
+
+SYNC_EVERY_S = 5.0
+
+
+class KeySync:
+    def __init__(self, interval_s: float = SYNC_EVERY_S) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sync_once(self) -> int:
+        """One round over the ready routers. Returns how many answered."""
+        ready = ManagedProcess.objects.filter(role="router", state=ManagedProcess.State.READY)
+        answered = 0
+        for deployment in Deployment.objects.filter(pk__in=ready.values("deployment")):
+            usage = fetch_usage(deployment)
+            if usage is None:
+                continue
+            answered += 1
+            record_usage(usage)
+            wanted = key_set(deployment)
+            if usage.get("version") != wanted["version"]:
+                log.info("router of %s has key set %r, not %r: pushing", deployment.name,
+                         usage.get("version"), wanted["version"])
+                push_keys(deployment, wanted)
+        return answered
+
+    def start(self) -> None:
+        def loop() -> None:
+            from django.db import connection
+
+            try:
+                while not self._stop.wait(self.interval_s):
+                    try:
+                        self.sync_once()
+                    except Exception:  # a bad round must not end the thread; the next may work
+                        log.exception("key sync round failed")
+            finally:
+                connection.close()
+
+        self._thread = threading.Thread(target=loop, name="key-sync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
