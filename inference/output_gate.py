@@ -27,11 +27,12 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -275,19 +276,31 @@ class ReferenceServer:
     served_model_name: str = "reference"
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @contextmanager
 def running_server(server: ReferenceServer, log_path: Path | None = None,
-                   timeout_s: float = SERVER_START_TIMEOUT_S) -> Iterator[str]:
-    """Start the reference server, yield its URL once healthy, and stop it (its whole group)."""
+                   timeout_s: float = SERVER_START_TIMEOUT_S,
+                   started: Callable[[subprocess.Popen[bytes]], None] | None = None) -> Iterator[str]:
+    """Start the reference server (port 0: a free one), yield its URL once healthy, and stop it
+    (its whole process group). ``started`` receives the process, for whoever must be able to
+    stop it from elsewhere."""
+    port = server.port or free_port()
     argv, env = build_command(WorkerSpec(
         role="colocated", model_path=server.model_path, served_model_name=server.served_model_name,
-        port=server.port, max_model_len=server.max_model_len, dtype=server.dtype,
+        port=port, max_model_len=server.max_model_len, dtype=server.dtype,
         cpu_cores=server.cores, kv_cache_gib=server.kv_cache_gib, data_dir=server.data_dir,
     ))
     log = open(log_path, "ab") if log_path else tempfile.TemporaryFile()  # noqa: SIM115
     process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{server.port}"
+    if started is not None:
+        started(process)
+    url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, process, timeout_s)
         yield url
@@ -396,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest mean |Δ logprob| in nats that passes")
     parser.add_argument("--dtype", default="bfloat16", help="the started reference's dtype")
     parser.add_argument("--cores", type=_cores, default=(), help="the started reference's CPU cores")
-    parser.add_argument("--port", type=int, default=8300, help="the started reference's port")
+    parser.add_argument("--port", type=int, default=0,
+                        help="the started reference's port (default: a free one)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--log", type=Path, help="the started reference's log file")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

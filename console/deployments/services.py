@@ -11,6 +11,7 @@ from django.db import transaction
 from console.checks.runner import Report, run_checks
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput, save_plan
+from console.quality import services as quality
 
 
 class Refused(Exception):
@@ -37,7 +38,11 @@ def start(deployment: Deployment) -> Report:
     report = run_checks(deployment)
     if not report.ok:
         raise Refused(report, "start")
-    request_state(deployment, Deployment.DesiredState.RUNNING)
+    with transaction.atomic():
+        if deployment.desired_state != Deployment.DesiredState.RUNNING:
+            # The supervisor starts the router only once this gate is done (console/quality).
+            quality.on_start(deployment)
+        request_state(deployment, Deployment.DesiredState.RUNNING)
     return report
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from console.deployments.models import Deployment
+from console.quality.services import router_hold
 from console.supervisor.models import ManagedProcess
 
 
 def overall_state(deployment: Deployment, processes: list[ManagedProcess]) -> str:
-    """One word for the deployment: stopped, stopping, starting, ready or failed.
+    """One word for the deployment: stopped, stopping, starting, ready, failed or blocked.
 
     ``processes`` is passed in (usually prefetched) so listing deployments costs no extra query
     per row.
@@ -21,4 +22,6 @@ def overall_state(deployment: Deployment, processes: list[ManagedProcess]) -> st
         return "failed"
     if len(processes) >= expected and states == {ManagedProcess.State.READY}:
         return "ready"
+    if router_hold(deployment).startswith("output gate"):
+        return "blocked"  # the workers run, the router does not: the output gate failed
     return "starting"

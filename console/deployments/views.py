@@ -14,6 +14,7 @@ from console.deployments.placement import Ledger
 from console.deployments.status import overall_state
 from console.fleet.models import Node
 from console.fleet.services import local_node
+from console.quality.views import advice_context, gate_context
 
 
 def _deployments() -> list[Deployment]:
@@ -38,6 +39,11 @@ def _context(deployment: Deployment) -> dict[str, object]:
     }
 
 
+def _page(deployment: Deployment) -> dict[str, object]:
+    """The detail page: the process table plus the output gate and advice panels."""
+    return {**_context(deployment), **gate_context(deployment), **advice_context(deployment)}
+
+
 @login_required
 def deployment_list(request: HttpRequest) -> HttpResponse:
     rows = [(d, overall_state(d, list(d.processes.all()))) for d in _deployments()]
@@ -48,7 +54,7 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 def deployment_detail(request: HttpRequest, name: str) -> HttpResponse:
     deployment = _get(name)
     return render(request, "deployments/detail.html",
-                  {**_context(deployment), "report": services.check(deployment)})
+                  {**_page(deployment), "report": services.check(deployment)})
 
 
 @login_required
@@ -70,7 +76,7 @@ def deployment_start(request: HttpRequest, name: str) -> HttpResponse:
     try:
         services.start(deployment)
     except services.Refused as exc:
-        context = {**_context(deployment), "report": exc.report, "refused": str(exc)}
+        context = {**_page(deployment), "report": exc.report, "refused": str(exc)}
         return render(request, "deployments/detail.html", context, status=409)
     return redirect("deployment-detail", name=name)
 

@@ -2,7 +2,9 @@
 
 Each tick runs a few small steps, each returning whether it did anything:
 ``reap`` (notice exits), ``reconcile`` (start what should run, stop what should not),
-``check_health`` (starting -> ready) and ``sweep`` (old shared-storage KV files).
+``check_health`` (starting -> ready), ``gates`` (output gates once the workers are ready) and
+``sweep`` (old shared-storage KV files). Start order: workers, then the gate, then the router;
+the router is left out while ``router_hold`` names a reason.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from console.deployments.processes import ProcessSpec, kv_channel, process_specs
 from console.live.broadcast import log_messages, send_all
 from console.live.collector import MetricsCollector, ScrapeTarget
 from console.live.logstore import CapturedLine, LogStore, clean_line
+from console.quality.gates import GateRunner
+from console.quality.services import router_hold
 from console.supervisor.models import ManagedProcess
 from inference.kv_channels import SharedStorageChannel
 
@@ -69,6 +73,7 @@ class Supervisor:
     log_store: LogStore = field(
         default_factory=lambda: LogStore(retention_lines=settings.PDSERVE_LOG_RETENTION_LINES)
     )
+    gates: GateRunner = field(default_factory=GateRunner)
 
     def __post_init__(self) -> None:
         self.http = httpx.Client(timeout=self.probe_timeout_s)
@@ -91,13 +96,14 @@ class Supervisor:
                 state=State.FAILED, last_error=error, pid=None, updated=timezone.now()
             )
             fixed += 1
-        return fixed
+        return fixed + self.gates.recover()
 
     # ---- the loop ----------------------------------------------------------------------
     def tick(self) -> bool:
         did = self.reap()
         did = self.reconcile() or did
         did = self.check_health() or did
+        did = self.gates.step() or did
         return self.sweep() or did
 
     def reap(self) -> bool:
@@ -145,6 +151,8 @@ class Supervisor:
         self.prepared &= {d.pk for d in running}
         for deployment in running:
             specs = process_specs(deployment)
+            if router_hold(deployment):
+                specs = [spec for spec in specs if spec.role != "router"]
             fresh_start = deployment.pk not in self.prepared
             if fresh_start:
                 kv_channel(deployment).prepare()
@@ -272,6 +280,7 @@ class Supervisor:
 
     # ---- stopping ----------------------------------------------------------------------
     def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
+        self.gates.stop_all()
         for child in self.children.values():
             if child.stop_deadline is None:
                 self._stop(child, grace_s)

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from console.deployments.models import Deployment
+from console.quality import services
+from console.quality.models import GateResult, VariantMeasurement
+
+# The plan's "gate" object in the API -> the plan's fields.
+GATE_FIELDS = {"mode": "gate_mode", "prompts": "gate_prompts", "min_agreement": "gate_min_agreement",
+               "max_mean_logprob_delta": "gate_max_mean_delta", "action": "gate_action"}
+
+
+class GateSettingsSerializer(serializers.Serializer):
+    """The output gate settings of a plan, as written."""
+
+    mode = serializers.ChoiceField(choices=Deployment.GateMode.choices, required=False)
+    prompts = serializers.IntegerField(min_value=1, max_value=16, required=False)
+    min_agreement = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    max_mean_logprob_delta = serializers.FloatField(min_value=0.0, max_value=100.0, required=False)
+    action = serializers.ChoiceField(choices=Deployment.GateAction.choices, required=False)
+
+
+def plan_fields(gate: dict[str, Any]) -> dict[str, Any]:
+    return {GATE_FIELDS[key]: value for key, value in gate.items()}
+
+
+class GateResultSerializer(serializers.ModelSerializer):
+    deployment = serializers.CharField(source="deployment.name")
+    thresholds = serializers.SerializerMethodField()
+    totals = serializers.DictField()
+    reasons = serializers.ListField(child=serializers.CharField())
+
+    class Meta:
+        model = GateResult
+        fields = ["id", "deployment", "trigger", "state", "prompts", "thresholds", "action",
+                  "reference", "totals", "reasons", "error", "report", "created", "started_at",
+                  "finished_at"]
+
+    def get_thresholds(self, gate: GateResult) -> dict[str, float]:
+        return {"min_agreement": gate.min_agreement, "max_mean_logprob_delta": gate.max_mean_delta}
+
+
+def gate_settings(deployment: Deployment) -> dict[str, Any]:
+    """The plan's gate settings and whether a start runs it, and why (no query of its own)."""
+    applies, reason = services.gate_applies(deployment)
+    return {**{key: getattr(deployment, name) for key, name in GATE_FIELDS.items()},
+            "runs_on_start": applies, "why": reason}
+
+
+def gate_summary(deployment: Deployment) -> dict[str, Any]:
+    """The settings, whether the gate holds the router now, and the latest result."""
+    latest = services.latest_gate(deployment)
+    return {**gate_settings(deployment), "router_hold": services.router_hold(deployment, latest),
+            "latest": GateResultSerializer(latest).data if latest else None}
+
+
+class MeasurementSerializer(serializers.ModelSerializer):
+    variant = serializers.CharField(source="variant.__str__")
+    variant_id = serializers.IntegerField()
+    node = serializers.CharField(source="node.name")
+    agreement = serializers.FloatField()
+    mean_abs_logprob_delta = serializers.FloatField(source="mean_delta")
+
+    class Meta:
+        model = VariantMeasurement
+        fields = ["id", "variant", "variant_id", "node", "state", "dtype", "cores", "reference",
+                  "prompt_tokens", "prefill_tps", "decode_tps", "agreement",
+                  "mean_abs_logprob_delta", "gate", "error", "created", "finished_at"]

@@ -1,0 +1,119 @@
+"""The "measure variant on node" job: serve one variant alone, measure its prefill and decode
+speed, and gate it against the base model's unquantized variant.
+
+One vLLM server at a time: the reference answers the gate's prompts first and is stopped, then
+the variant is started, timed and scored against those answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from console.catalog.models import Variant
+from console.fleet.models import Node
+from console.quality.models import VariantMeasurement
+from inference.launch import LaunchError
+from inference.output_gate import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_PROMPTS,
+    GateError,
+    ReferenceServer,
+    load_prompts,
+    reference_answers,
+    run_gate,
+    running_server,
+)
+from inference.variant_speed import measure as measure_speed
+
+State = VariantMeasurement.State
+PREFILL_TOKENS = 512
+
+
+class MeasureRefused(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def base_reference(variant: Variant) -> Variant | None:
+    """The unquantized variant of the same base (``bf16`` first); the variant itself if it is one."""
+    if not variant.is_quantized:
+        return variant
+    found = list(Variant.objects.filter(base=variant.base_id, quantization=""))
+    found.sort(key=lambda v: (v.name != "bf16", v.name))
+    return found[0] if found else None
+
+
+def queue_measurement(variant: Variant, node: Node, dtype: str = "bfloat16") -> VariantMeasurement:
+    if not node.is_local:
+        raise MeasureRefused("node", f"{node.name}: pdserve starts vLLM only on the local node "
+                                     "until node agents exist")
+    if not variant.inspected:
+        raise MeasureRefused("variant", f"{variant} has not been inspected")
+    if base_reference(variant) is None:
+        raise MeasureRefused("variant", f"{variant.base.name} has no unquantized variant to gate "
+                                        "against; register one")
+    if VariantMeasurement.objects.filter(variant=variant, node=node,
+                                         state__in=(State.QUEUED, State.RUNNING)).exists():
+        raise MeasureRefused("variant", f"{variant} is already being measured on {node.name}")
+    measurement = VariantMeasurement.objects.create(
+        variant=variant, node=node, dtype=dtype,
+        cores=str(node.cpu_ids[-1]) if node.cpu_ids else "")
+    transaction.on_commit(partial(_send, measurement.pk))
+    return measurement
+
+
+def _send(measurement_id: int) -> None:
+    from console.quality.tasks import measure_variant
+
+    try:
+        measure_variant.delay(measurement_id)
+    except Exception as exc:  # a broker that cannot be reached must not lose the row's state
+        VariantMeasurement.objects.filter(pk=measurement_id).update(
+            state=State.FAILED, error=f"could not queue the job: {exc}"[:1000])
+
+
+def run_measurement(measurement_id: int) -> VariantMeasurement:
+    measurement = VariantMeasurement.objects.select_related("variant__base", "node").get(
+        pk=measurement_id)
+    VariantMeasurement.objects.filter(pk=measurement_id).update(state=State.RUNNING)
+    try:
+        fields = _measure(measurement)
+        fields.update(state=State.DONE)
+    except (GateError, LaunchError, OSError) as exc:
+        fields = {"state": State.FAILED, "error": str(exc)[:1000]}
+    VariantMeasurement.objects.filter(pk=measurement_id).update(finished_at=timezone.now(), **fields)
+    measurement.refresh_from_db()
+    return measurement
+
+
+def _measure(measurement: VariantMeasurement) -> dict[str, object]:
+    variant = measurement.variant
+    reference = base_reference(variant)
+    if reference is None:
+        raise GateError(f"{variant.base.name} has no unquantized variant to gate against")
+    cores = tuple(int(c) for c in measurement.cores.split(",") if c)
+    log_dir = Path(settings.PDSERVE_LOG_DIR) / "measurements"
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    def server(path: str) -> ReferenceServer:
+        return ReferenceServer(model_path=path, port=0, dtype=measurement.dtype, cores=cores,
+                               data_dir=str(settings.DATA_DIR))
+
+    prompts = load_prompts(DEFAULT_PROMPTS)
+    with running_server(server(reference.path), log_dir / f"{measurement.pk}-reference.log") as url, \
+            httpx.Client(timeout=300) as client:
+        answers = reference_answers(client, url, prompts, DEFAULT_MAX_TOKENS)
+    with running_server(server(variant.path), log_dir / f"{measurement.pk}-{variant.name}.log") as url:
+        speed = measure_speed(url, PREFILL_TOKENS)
+        report = run_gate(url, {str(variant): url}, prompts, answers=answers)
+    return {"reference": f"{reference} ({measurement.dtype})", "prompt_tokens": speed.prefill_tokens,
+            "prefill_tps": round(speed.prefill_tps, 1), "decode_tps": round(speed.decode_tps, 2),
+            "gate": {**report.as_dict(), "speed": asdict(speed)}}
