@@ -6,7 +6,6 @@ Each channel is one class behind :class:`KVChannel`. It turns a worker's role in
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -154,7 +153,3 @@ def make_channel(name: str, *, storage_path: Path | None = None,
             raise ValueError("shared-storage channel needs a storage path")
         return SharedStorageChannel(path=storage_path)
     raise ValueError(f"unknown KV channel {name!r}; expected one of {', '.join(CHANNEL_NAMES)}")
-
-
-def transfer_config_json(channel: KVChannel, endpoint: ChannelEndpoint) -> str:
-    return json.dumps(channel.transfer_config(endpoint), separators=(",", ":"))

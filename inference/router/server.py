@@ -42,10 +42,12 @@ from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_e
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
     BackendFailure,
+    RequestTimedOut,
     UpstreamError,
     describe,
     error_response,
     prompt_token_ids,
+    ran_out_of_time,
     relay,
     sse_error,
     upstream_message,
@@ -97,8 +99,6 @@ class Router:
                                          queue=PrefillQueue(config.prefill_slots))
         self._probe_task: asyncio.Task[None] | None = None
         self._drains: set[asyncio.Task[None]] = set()
-        self._timeout = aiohttp.ClientTimeout(total=config.request_timeout_s,
-                                              sock_connect=config.connect_timeout_s)
 
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self, _app: web.Application) -> None:
@@ -344,10 +344,19 @@ class Router:
             return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
         except BackendFailure as exc:
             timeline.error = str(exc)
+            if exc.timed_out:
+                return self._timed_out(timeline, f" ({exc})")
             return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
+        except RequestTimedOut:
+            return self._timed_out(timeline, "")
         except UpstreamError as exc:
             timeline.error = f"worker answered {exc.response.status}"
             return exc.response
+
+    def _timed_out(self, timeline: Timeline, detail: str) -> web.Response:
+        message = f"request timed out after {self.config.request_timeout_s:g} s{detail}"
+        timeline.error = message
+        return error_response(504, message, timeline.request_id, code="request_timeout")
 
     def _pick(self, role: str, parsed: ParsedRequest, exclude: Backend | None = None) -> Backend:
         pool = self.pools[role]
@@ -376,7 +385,7 @@ class Router:
         timeline.mark("prefill_dispatched")
         started = time.perf_counter()
         try:
-            data = await self._call_json(backend, PATHS[parsed.endpoint], body, timeline.request_id)
+            data = await self._call_json(backend, PATHS[parsed.endpoint], body, timeline)
         except BackendFailure as failure:
             if not failure.retriable:
                 raise
@@ -448,8 +457,14 @@ class Router:
         tokens = len(parsed.prompt_token_ids)
         timeline.mark("prefill_queued")
         queued = time.perf_counter()
-        backend = await self.placer.queue.acquire(tokens, self.placer.service_s(tokens),
-                                                  self._free_prefill_chooser(parsed), ensure_ready)
+        remaining = self.config.request_timeout_s - timeline.since_arrival()
+        try:
+            backend = await asyncio.wait_for(
+                self.placer.queue.acquire(tokens, self.placer.service_s(tokens),
+                                          self._free_prefill_chooser(parsed), ensure_ready),
+                max(remaining, 0.001))
+        except TimeoutError:
+            raise RequestTimedOut() from None
         self.metrics.prefill_queue_wait_seconds.observe(time.perf_counter() - queued)
         return backend
 
@@ -471,20 +486,30 @@ class Router:
         timeline.prefill = backend.url
         timeline.mark("prefill_retried")
         try:
-            return await self._call_json(backend, PATHS[parsed.endpoint], body, timeline.request_id)
+            return await self._call_json(backend, PATHS[parsed.endpoint], body, timeline)
         except BackendFailure as second:
             raise BackendFailure(
                 "prefill", backend,
                 f"{second.detail} (retried after prefill worker {first.url} failed: {failure.detail})",
             ) from second
 
+    def _budget(self, timeline: Timeline) -> aiohttp.ClientTimeout:
+        """What is left of the request's overall timeout, for the next backend call: a PD
+        request makes two calls (three with a retry), and all of them share one budget."""
+        remaining = self.config.request_timeout_s - timeline.since_arrival()
+        if remaining <= 0:
+            raise RequestTimedOut()
+        return aiohttp.ClientTimeout(total=remaining, sock_connect=self.config.connect_timeout_s)
+
     async def _call_json(self, backend: Backend, path: str, body: dict[str, Any],
-                         request_id: str) -> dict[str, Any]:
+                         timeline: Timeline) -> dict[str, Any]:
+        request_id = timeline.request_id
+        timeout = self._budget(timeline)
         backend.acquire()
         try:
             async with backend.client().post(
                 path, json=body, headers={"X-Request-Id": request_id},
-                timeout=self._timeout,
+                timeout=timeout,
             ) as upstream:
                 payload = await upstream.read()
                 if upstream.status >= 500:
@@ -509,7 +534,8 @@ class Router:
             # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
             self._backend_failed(backend, exc)
             raise BackendFailure(backend.role, backend, describe(exc),
-                                 retriable=worth_another_try(exc)) from exc
+                                 retriable=worth_another_try(exc),
+                                 timed_out=ran_out_of_time(exc)) from exc
         finally:
             backend.release()
 
@@ -519,6 +545,7 @@ class Router:
         """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
         ``handoff_from``: the prefill worker whose KV cache decode must load."""
         request_id = timeline.request_id
+        timeout = self._budget(timeline)
         backend = self._pick(role, parsed)
         if role == "decode":
             timeline.decode = backend.url
@@ -528,7 +555,7 @@ class Router:
             async with backend.client().post(
                 PATHS[parsed.endpoint], data=body,
                 headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
-                timeout=self._timeout,
+                timeout=timeout,
             ) as upstream:
                 if upstream.status != 200 or not parsed.stream:
                     payload = await upstream.read()
@@ -584,7 +611,8 @@ class Router:
                 return response
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             self._backend_failed(backend, exc)
-            raise BackendFailure(role, backend, describe(exc)) from exc
+            raise BackendFailure(role, backend, describe(exc),
+                                 timed_out=ran_out_of_time(exc)) from exc
         finally:
             backend.release()
 

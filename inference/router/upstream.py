@@ -17,12 +17,19 @@ class BackendFailure(Exception):
     """A backend failed a request. ``retriable``: the failure happened before anything reached
     the client and the call can be repeated elsewhere."""
 
-    def __init__(self, role: str, backend: Backend, detail: str, retriable: bool = False):
+    def __init__(self, role: str, backend: Backend, detail: str, retriable: bool = False,
+                 timed_out: bool = False):
         super().__init__(f"{role} worker {backend.url} failed: {detail}")
         self.role = role
         self.backend = backend
         self.detail = detail
         self.retriable = retriable
+        # The request's overall time budget ran out during this call.
+        self.timed_out = timed_out
+
+
+class RequestTimedOut(Exception):
+    """The request's overall time budget ran out before a backend call could start."""
 
 
 def error_response(status: int, message: str, request_id: str, param: str | None = None,
@@ -91,6 +98,11 @@ def worth_another_try(exc: BaseException) -> bool:
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return True
     return not isinstance(exc, TimeoutError)
+
+
+def ran_out_of_time(exc: BaseException) -> bool:
+    """The call hit its total budget (not merely a connect timeout)."""
+    return isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError)
 
 
 def describe(exc: BaseException) -> str:

@@ -11,7 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -24,6 +27,7 @@ from tests.e2e.test_default_deployment import LONG_PROMPT
 pytestmark = pytest.mark.vllm
 
 PREFILL_PORT, DECODE_PORT, ROUTER_PORT = 8110, 8210, 8090
+STALE_PREFILL_PORT, STALE_ROUTER_PORT = 8111, 8093
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +107,87 @@ def test_nixl_chat_streams_through_the_router(nixl_router: tuple[str, Path]) -> 
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert not any('"error"' in event for event in events)
+
+
+class StaleHandoffPrefill(ThreadingHTTPServer):
+    """A stand-in prefill worker, for a fault vLLM cannot be made to produce on demand: it
+    answers like NIXL's prefill but announces KV blocks nobody holds (an expired lease, a
+    restarted prefill), so the real decode worker's KV load fails."""
+
+    def __init__(self, port: int, tokenizer_dir: Path):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        super().__init__(("127.0.0.1", port), _StaleHandler)
+
+
+class _StaleHandler(BaseHTTPRequestHandler):
+    server: StaleHandoffPrefill
+
+    def log_message(self, *_args: object) -> None:
+        return None
+
+    def _send(self, status: int, body: dict[str, object]) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._send(200, {})
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ids = self.server.tokenizer(body["prompt"])["input_ids"]
+        self._send(200, {
+            "id": "cmpl-stale", "object": "text_completion", "model": body["model"],
+            "choices": [{"index": 0, "text": "", "finish_reason": "length",
+                         "prompt_token_ids": ids}],
+            "kv_transfer_params": {
+                "do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": [list(range(1, len(ids) // 128 + 1))],
+                "remote_engine_id": "stale-engine", "remote_request_id": "cmpl-stale-0",
+                "remote_host": "127.0.0.1", "remote_port": 5610, "tp_size": 1,
+                "remote_num_tokens": len(ids)},
+        })
+
+
+def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
+        nixl_router: tuple[str, Path], model_dir: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    router, _logs = nixl_router
+    stub = StaleHandoffPrefill(STALE_PREFILL_PORT, model_dir)
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    log = open(tmp_path_factory.mktemp("stale") / "router.log", "wb")  # noqa: SIM115
+    stale_router = subprocess.Popen(
+        [sys.executable, "-m", "inference.router", "--served-model-name", "smollm2",
+         "--tokenizer", str(model_dir), "--max-model-len", "2048", "--kv-channel", "nixl",
+         "--port", str(STALE_ROUTER_PORT), "--prefill", f"http://127.0.0.1:{STALE_PREFILL_PORT}",
+         "--decode", f"http://127.0.0.1:{DECODE_PORT}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{STALE_ROUTER_PORT}/health", 30)
+        started = time.monotonic()
+        response = httpx.post(f"http://127.0.0.1:{STALE_ROUTER_PORT}/v1/completions", timeout=120,
+                              json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
+        assert response.status_code == 502, response.text
+        error = response.json()["error"]
+        assert error["code"] == "kv_handoff_failed"
+        assert f"127.0.0.1:{STALE_PREFILL_PORT}" in error["message"]
+        assert time.monotonic() - started < 60
+    finally:
+        os.killpg(stale_router.pid, signal.SIGKILL)
+        stale_router.wait()
+        log.close()
+        stub.shutdown()
+        stub.server_close()
+    # The decode worker survived the failed load and still serves real hand-offs.
+    assert httpx.get(f"http://127.0.0.1:{DECODE_PORT}/health", timeout=10).status_code == 200
+    ok = httpx.post(f"{router}/v1/completions", timeout=300,
+                    json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
+    assert ok.status_code == 200, ok.text
 
 
 def _metric_at(router: str, name: str) -> float:

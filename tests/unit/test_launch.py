@@ -66,6 +66,14 @@ def test_nixl_transfer_config_and_environment(role: str, kv_role: str) -> None:
     assert "--no-enable-chunked-prefill" not in argv
 
 
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_decode_gets_the_kv_load_failure_policy_and_prefill_does_not(policy: str) -> None:
+    argv, _env = build_command(spec(role="decode", side_channel_port=5601, kv_load_failure=policy))
+    assert json.loads(value_of(argv, "--kv-transfer-config"))["kv_load_failure_policy"] == policy
+    argv, _env = build_command(spec(role="prefill", kv_load_failure=policy))
+    assert "kv_load_failure_policy" not in json.loads(value_of(argv, "--kv-transfer-config"))
+
+
 def test_nixl_handshake_compat_can_be_relaxed() -> None:
     argv, _env = build_command(spec(enforce_handshake_compat=False))
     config = json.loads(value_of(argv, "--kv-transfer-config"))
@@ -82,6 +90,7 @@ def test_shared_storage_transfer_config(tmp_path: Path, role: str, kv_role: str)
         "kv_connector_module_path": "inference.kv_connectors.shared_storage",
         "kv_role": kv_role,
         "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "kv")},
+        **({"kv_load_failure_policy": "fail"} if role == "decode" else {}),
     }
     assert not any(key.startswith(("UCX_", "VLLM_NIXL_")) for key in env)
 
@@ -144,6 +153,7 @@ def test_extra_args_come_last_so_they_can_override() -> None:
         ({"role": "router"}, "role"),
         ({"role": "colocated"}, "kv_channel"),
         ({"kv_channel": None}, "kv_channel"),
+        ({"kv_load_failure": "retry"}, "kv_load_failure"),
     ],
 )
 def test_invalid_specs_raise_launch_error_naming_the_field(overrides: dict[str, Any],

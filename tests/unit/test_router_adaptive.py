@@ -271,3 +271,28 @@ async def test_remote_prefills_go_one_at_a_time_and_the_shortest_waiting_goes_fi
     waited = await running.metric("pdserve_router_prefill_queue_wait_seconds_count", {})
     assert waited == 3
     assert running.router.placer.queue.active == 0
+
+
+async def test_a_prompt_still_queued_at_its_timeout_gets_504_and_never_reaches_a_worker(
+        start_router: StartRouter, make_stub: MakeStub) -> None:
+    running, prefill, _decode = await adaptive_router(start_router, make_stub,
+                                                      request_timeout_s=1.0)
+    prefill.seconds_per_prompt_token = 0.02  # 60 words: 1.2 s, past the timeout
+
+    async def send(words: int) -> tuple[int, str]:
+        response = await running.client.post("/v1/completions", json=completion(words))
+        return response.status, (await response.json())["error"]["code"]
+
+    holder = asyncio.create_task(send(60))
+    await wait_until(lambda: prefill.active == 1)
+    long = asyncio.create_task(send(120))
+    await asyncio.sleep(0.1)
+    short = asyncio.create_task(send(12))
+    # When the holder times out, the short prompt goes first; the long one's own deadline
+    # passes while it still waits.
+    assert await long == (504, "request_timeout")
+    assert await holder == (504, "request_timeout")
+    assert await short == (504, "request_timeout")
+    assert [len(r.body["prompt"].split()) for r in prefill.requests] == [60, 12]
+    assert running.router.placer is not None and running.router.placer.queue.depth == 0
+    assert running.router.placer.queue.active == 0

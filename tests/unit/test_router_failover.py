@@ -216,7 +216,25 @@ async def test_a_decode_that_never_answers_ends_at_the_request_timeout(
     started = time.monotonic()
     response = await running.client.post("/v1/completions", json={**COMPLETION, "stream": stream})
     assert time.monotonic() - started < 3
-    assert response.status == 503
+    assert response.status == 504
     error = (await response.json())["error"]
-    assert error["code"] == "decode_unavailable"
-    assert decode.url in error["message"] and "timed out" in error["message"]
+    assert error["code"] == "request_timeout"
+    assert decode.url in error["message"] and "timed out after 0.5 s" in error["message"]
+
+
+async def test_prefill_and_decode_share_one_overall_timeout(
+        start_router: StartRouter, make_slow_stub: Callable[[str], Awaitable[SlowStub]]) -> None:
+    # Each call alone fits the timeout; together they do not, and the request must end at
+    # the one overall budget, not at one budget per call.
+    prefill = await make_slow_stub("prefill")
+    prefill.delay_s = 0.6
+    decode = await make_slow_stub("decode")
+    decode.delay_s = 0.6
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl",
+                                 request_timeout_s=1.0)
+    started = time.monotonic()
+    response = await running.client.post("/v1/completions", json=COMPLETION)
+    elapsed = time.monotonic() - started
+    assert response.status == 504
+    assert (await response.json())["error"]["code"] == "request_timeout"
+    assert 0.9 < elapsed < 1.15

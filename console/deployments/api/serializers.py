@@ -56,8 +56,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
         model = Deployment
         fields = ["id", "name", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
-                  "kv_cache_dtype", "dtype", "engine_version", "sampling_defaults", "router",
-                  "gate", "router_url", "desired_state", "state", "workers", "processes", "created",
+                  "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
+                  "sampling_defaults", "router", "gate",
+                  "router_url", "desired_state", "state", "workers", "processes", "created",
                   "updated"]
 
     def get_state(self, deployment: Deployment) -> str:
@@ -143,7 +144,8 @@ class PlanSerializer(serializers.ModelSerializer):
         model = Deployment
         fields = ["name", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
-                  "kv_cache_dtype", "dtype", "engine_version", "sampling_defaults", "prefill",
+                  "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
+                  "sampling_defaults", "prefill",
                   "decode", "colocated", "router", "gate"]
 
     def validate_name(self, name: str) -> str:

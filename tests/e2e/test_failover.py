@@ -1,0 +1,271 @@
+"""Failover against real vLLM workers that are killed, frozen or abandoned under load.
+
+A tiny random-weight Llama keeps the three workers (two prefill, one decode, shared-storage
+KV) cheap; the text is noise, and these tests are about processes, not text. Two routers in
+front of the same workers: one with a generous timeout, one with a 4 s timeout. Tests run in
+file order and the last ones kill workers for good.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference.launch import WorkerSpec, build_command
+from tests.e2e.conftest import START_TIMEOUT_S, _wait_http
+from tests.e2e.tiny_llama import build_tiny_llama
+
+pytestmark = pytest.mark.vllm
+
+PREFILL_PORTS, DECODE_PORT = (8131, 8132), 8231
+ROUTER_PORT, SHORT_ROUTER_PORT = 8096, 8097
+SHORT_TIMEOUT_S = 4.0
+PROMPT = "The ledger of the river towns lists " + " ".join(
+    f"town {i} with {i * 37 % 900} barrels;" for i in range(60))
+
+
+@dataclass
+class Failover:
+    router: str
+    short_router: str
+    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def url(self, name: str) -> str:
+        port = {"prefill-a": PREFILL_PORTS[0], "prefill-b": PREFILL_PORTS[1],
+                "decode": DECODE_PORT}[name]
+        return f"http://127.0.0.1:{port}"
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        os.killpg(self.workers[name].pid, sig)
+
+
+@pytest.fixture(scope="module")
+def failover(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Failover]:
+    root = tmp_path_factory.mktemp("failover")
+    model = build_tiny_llama(model_dir, root / "tiny-llama")
+    kv_dir = Path("/dev/shm") / f"pdserve-failover-{os.getpid()}"
+    processes: list[subprocess.Popen[bytes]] = []
+    handles = []
+
+    def spawn(name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        handle = open(root / f"{name}.log", "wb")  # noqa: SIM115 - closed in teardown
+        handles.append(handle)
+        process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=handle,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        processes.append(process)
+        return process
+
+    stack = Failover(router=f"http://127.0.0.1:{ROUTER_PORT}",
+                     short_router=f"http://127.0.0.1:{SHORT_ROUTER_PORT}")
+    for name, role, port, core in (("prefill-a", "prefill", PREFILL_PORTS[0], 0),
+                                   ("prefill-b", "prefill", PREFILL_PORTS[1], 1),
+                                   ("decode", "decode", DECODE_PORT, 1)):
+        argv, env = build_command(WorkerSpec(
+            role=role, model_path=str(model), served_model_name="tiny", port=port,
+            max_model_len=2048, kv_channel="shared-storage", kv_storage_path=str(kv_dir),
+            cpu_cores=(core,), dtype="float32", data_dir=str(root),
+        ))
+        stack.workers[name] = spawn(name, argv, env)
+    for port, timeout in ((ROUTER_PORT, 60.0), (SHORT_ROUTER_PORT, SHORT_TIMEOUT_S)):
+        spawn(f"router-{port}", [
+            sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
+            "--tokenizer", str(model), "--max-model-len", "2048", "--port", str(port),
+            "--prefill", stack.url("prefill-a"), "--prefill", stack.url("prefill-b"),
+            "--decode", stack.url("decode"), "--request-timeout", str(timeout),
+            # Every prompt through prefill, so that prefill failures are exercised.
+            "--pd-policy", "remote", "--local-prefill-max-tokens", "0",
+        ], {})
+    try:
+        for name in stack.workers:
+            _wait_http(f"{stack.url(name)}/health", START_TIMEOUT_S)
+        for router in (stack.router, stack.short_router):
+            wait_healthy(router)
+        yield stack
+    finally:
+        for process in processes:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        for handle in handles:
+            handle.close()
+        subprocess.run(["rm", "-rf", str(kv_dir)], check=False)
+
+
+def wait_healthy(router: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if httpx.get(f"{router}/health", timeout=5).status_code == 200:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{router} not healthy after {timeout_s} s")
+
+
+def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v
+                                           for k, v in (labels or {}).items()):
+                total += sample.value
+    return total
+
+
+def stream_body(max_tokens: int) -> dict[str, object]:
+    return {"model": "tiny", "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}
+
+
+def events(lines: list[str]) -> list[str]:
+    return [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+
+
+def test_a_client_that_leaves_mid_stream_aborts_the_decode_request(failover: Failover) -> None:
+    running = "vllm:num_requests_running"
+    with httpx.stream("POST", f"{failover.router}/v1/completions", json=stream_body(1800),
+                      timeout=60) as response:
+        assert response.status_code == 200
+        chunks = 0
+        for line in response.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks == 5:
+                break
+        assert metric(failover.url("decode"), running) == 1
+    # The connection is closed: the router drops its connection to decode, and vLLM aborts.
+    deadline = time.monotonic() + 5
+    while metric(failover.url("decode"), running) != 0:
+        assert time.monotonic() < deadline, "decode still runs the abandoned request"
+        time.sleep(0.1)
+    assert metric(failover.router, "pdserve_router_client_disconnects_total") >= 1
+
+
+def test_a_client_that_leaves_during_prefill_never_reaches_decode(failover: Failover) -> None:
+    decoded_before = metric(failover.url("decode"), "vllm:request_success_total")
+    for name in ("prefill-a", "prefill-b"):
+        failover.signal(name, signal.SIGSTOP)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{failover.router}/v1/completions", timeout=1.0,
+                       json={"model": "tiny", "prompt": PROMPT, "max_tokens": 8})
+    finally:
+        for name in ("prefill-a", "prefill-b"):
+            failover.signal(name, signal.SIGCONT)
+    wait_healthy(failover.router)
+    time.sleep(1.0)  # time enough for a decode call, had the router gone on
+    assert metric(failover.url("decode"), "vllm:request_success_total") == decoded_before
+    assert metric(failover.url("decode"), "vllm:num_requests_running") == 0
+
+
+def test_a_frozen_decode_ends_the_request_at_its_timeout(failover: Failover) -> None:
+    failover.signal("decode", signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        response = httpx.post(f"{failover.short_router}/v1/completions", timeout=30,
+                              json={"model": "tiny", "prompt": PROMPT, "max_tokens": 8})
+        elapsed = time.monotonic() - started
+    finally:
+        failover.signal("decode", signal.SIGCONT)
+    assert response.status_code == 504, response.text
+    assert response.json()["error"]["code"] == "request_timeout"
+    assert elapsed < SHORT_TIMEOUT_S + 1
+    wait_healthy(failover.short_router)
+
+
+def test_a_decode_frozen_mid_stream_ends_the_stream_with_an_error_event(failover: Failover) -> None:
+    lines: list[str] = []
+    started = time.monotonic()
+    with httpx.stream("POST", f"{failover.short_router}/v1/completions", json=stream_body(1800),
+                      timeout=30) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            lines.append(line)
+            if len(events(lines)) == 3:
+                failover.signal("decode", signal.SIGSTOP)
+    elapsed = time.monotonic() - started
+    failover.signal("decode", signal.SIGCONT)
+    last = json.loads(events(lines)[-1])
+    assert last["error"]["code"] == "decode_failed"
+    assert "timed out" in last["error"]["message"]
+    assert "[DONE]" not in events(lines)
+    assert elapsed < SHORT_TIMEOUT_S + 1
+    wait_healthy(failover.short_router)
+
+
+def test_a_prefill_killed_under_load_is_retried_on_the_other_and_no_request_fails(
+        failover: Failover) -> None:
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                response = http.post(f"{failover.router}/v1/completions",
+                                     json={"model": "tiny", "prompt": PROMPT, "max_tokens": 4})
+                statuses.append(response.status_code)
+
+    retries_before = metric(failover.router, "pdserve_router_retries_total", {"role": "prefill"})
+    threads = [threading.Thread(target=client) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    time.sleep(2)
+    failover.signal("prefill-a", signal.SIGKILL)
+    killed = time.monotonic()
+    out_within = None
+    while time.monotonic() - killed < 5:
+        health = httpx.get(f"{failover.router}/health", timeout=5).json()
+        [member] = [b for b in health["roles"]["prefill"]["backends"]
+                    if b["url"] == failover.url("prefill-a")]
+        if not member["ready"]:
+            out_within = time.monotonic() - killed
+            break
+        time.sleep(0.05)
+    time.sleep(2)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert out_within is not None and out_within < 2, out_within
+    assert len(statuses) > 20
+    assert set(statuses) == {200}, statuses
+    assert metric(failover.router, "pdserve_router_retries_total",
+                  {"role": "prefill"}) > retries_before
+    # One prefill worker left: still ready for traffic.
+    assert httpx.get(f"{failover.router}/health", timeout=5).status_code == 200
+
+
+def test_a_decode_killed_mid_stream_ends_the_stream_with_an_error_event(failover: Failover) -> None:
+    lines: list[str] = []
+    started = time.monotonic()
+    with httpx.stream("POST", f"{failover.router}/v1/completions", json=stream_body(1800),
+                      timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            lines.append(line)
+            if len(events(lines)) == 3:
+                failover.signal("decode", signal.SIGKILL)
+    assert time.monotonic() - started < 10
+    last = json.loads(events(lines)[-1])
+    assert last["error"]["code"] == "decode_failed"
+    assert "[DONE]" not in events(lines)
+    # No decode worker left: the router says so, and refuses at once.
+    deadline = time.monotonic() + 2
+    while httpx.get(f"{failover.router}/health", timeout=5).status_code != 503:
+        assert time.monotonic() < deadline, "router still healthy without a decode worker"
+        time.sleep(0.05)
+    response = httpx.post(f"{failover.router}/v1/completions", timeout=10,
+                          json={"model": "tiny", "prompt": PROMPT, "max_tokens": 4})
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "decode_unavailable"
