@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "console.supervisor",
     "console.live",
     "console.playground",
+    "console.gateway",
     "console.quality",
 ]
 
