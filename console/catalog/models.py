@@ -117,3 +117,76 @@ class Variant(models.Model):
         if self.hash_state == self.HashState.FAILED:
             return f"hashing failed: {self.hash_error}"
         return f"hashing {self.hash_state}"
+
+
+class QuantizationJob(models.Model):
+    """Building a quantized variant of a base model's unquantized variant, in the background.
+
+    The Celery task runs ``python -m inference.quantize`` in the quantization environment and
+    copies its progress here; on success the new directory is registered as a Variant.
+    """
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    ACTIVE_STATES = (State.QUEUED, State.RUNNING)
+
+    base = models.ForeignKey(BaseModel, on_delete=models.CASCADE, related_name="quantization_jobs")
+    source = models.ForeignKey(Variant, on_delete=models.SET_NULL, null=True,
+                               related_name="quantization_jobs",
+                               help_text="the unquantized variant that is quantized")
+    name = models.SlugField(max_length=100, help_text="name of the variant to create")
+    path = models.CharField(max_length=1000, help_text="directory the variant is written to")
+    scheme = models.CharField(max_length=20)
+    method = models.CharField(max_length=10)
+    group_size = models.PositiveIntegerField(null=True, blank=True)
+    smoothing_strength = models.FloatField(null=True, blank=True)
+    samples = models.PositiveIntegerField(default=40)
+
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    percent = models.FloatField(default=0)
+    stage = models.CharField(max_length=20, blank=True)
+    detail = models.CharField(max_length=200, blank=True)
+    log_tail = models.TextField(blank=True, help_text="the builder's last log lines")
+    error = models.TextField(blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    # The builder's process group, and the task's last sign of life: a running job whose
+    # heartbeat stops was orphaned by a killed worker.
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    build_seconds = models.FloatField(null=True, blank=True)
+    variant = models.ForeignKey(Variant, on_delete=models.SET_NULL, null=True, blank=True,
+                                related_name="+", help_text="the variant the job registered")
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        constraints = [
+            # One build at a time per variant name: a second would race for the same directory.
+            models.UniqueConstraint(fields=["base", "name"],
+                                    condition=models.Q(state__in=["queued", "running"]),
+                                    name="quantization_job_one_active_per_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.base.name}/{self.name} ({self.state})"
+
+    @property
+    def active(self) -> bool:
+        return self.state in self.ACTIVE_STATES
+
+    @property
+    def options_label(self) -> str:
+        parts = [self.scheme, self.method]
+        if self.group_size:
+            parts.append(f"group size {self.group_size}")
+        if self.smoothing_strength:
+            parts.append(f"SmoothQuant {self.smoothing_strength:g}")
+        return ", ".join(parts)

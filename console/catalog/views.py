@@ -5,17 +5,30 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from console.catalog.forms import BaseModelForm, RegisterForm
-from console.catalog.models import BaseModel, Variant
+from console.catalog.forms import BaseModelForm, QuantizeForm, RegisterForm
+from console.catalog.jobs import JobError, cancel_job, reap_orphans, start_job
+from console.catalog.models import BaseModel, QuantizationJob, Variant
 from console.catalog.services import RegistrationError, register_variant, reinspect
 
 
 def _context(**forms: object) -> dict[str, object]:
+    models = list(BaseModel.objects.prefetch_related("variants"))
+    failed_quantize = forms.get("quantize_form")
+    for model in models:
+        model.quantize_form = (failed_quantize if forms.get("quantize_base") == model.pk
+                               else QuantizeForm(prefix=f"quantize-{model.pk}"))
     return {
-        "models": BaseModel.objects.prefetch_related("variants"),
+        "models": models,
         "base_form": forms.get("base_form") or BaseModelForm(prefix="base"),
         "register_form": forms.get("register_form") or RegisterForm(prefix="variant"),
+        **_jobs_context(),
     }
+
+
+def _jobs_context() -> dict[str, object]:
+    # Reading the jobs is when a job orphaned by a killed worker is noticed.
+    reap_orphans()
+    return {"jobs": QuantizationJob.objects.select_related("base", "source")[:20]}
 
 
 @login_required
@@ -58,4 +71,37 @@ def variant_register(request: HttpRequest) -> HttpResponse:
 @require_POST
 def variant_inspect(request: HttpRequest, pk: int) -> HttpResponse:
     reinspect(get_object_or_404(Variant, pk=pk))
+    return redirect("catalog")
+
+
+@login_required
+def job_table(request: HttpRequest) -> HttpResponse:
+    """The quantization jobs alone: the page refreshes it every second."""
+    return render(request, "catalog/_jobs.html", _jobs_context())
+
+
+@login_required
+@require_POST
+def quantize(request: HttpRequest, pk: int) -> HttpResponse:
+    base = get_object_or_404(BaseModel, pk=pk)
+    form = QuantizeForm(request.POST, prefix=f"quantize-{base.pk}")
+    if form.is_valid():
+        options = {key: value for key, value in form.cleaned_data.items() if value not in (None, "")}
+        try:
+            start_job(base, **options)
+        except JobError as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, str(exc))
+        else:
+            return redirect("catalog")
+    return render(request, "catalog/models.html", _context(quantize_form=form, quantize_base=base.pk),
+                  status=400)
+
+
+@login_required
+@require_POST
+def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    try:
+        cancel_job(get_object_or_404(QuantizationJob, pk=pk))
+    except JobError:
+        pass  # it finished meanwhile: the table shows how
     return redirect("catalog")

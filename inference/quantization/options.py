@@ -74,7 +74,7 @@ def resolve(*, model: Path, out: Path, scheme: str, method: str | None, group_si
     check_architecture(config)
     if scheme not in SCHEMES:
         raise OptionError("--scheme", f"{scheme!r} is not one of {', '.join(SCHEMES)}")
-    method = method or ("rtn" if scheme == "fp8" else DEFAULT_METHOD)
+    method = method or default_method(scheme)
     if method not in METHODS:
         raise OptionError("--method", f"{method!r} is not one of {', '.join(METHODS)}")
     if scheme == "fp8":
@@ -107,6 +107,11 @@ def resolve(*, model: Path, out: Path, scheme: str, method: str | None, group_si
     return BuildOptions(model=model, out=out, scheme=scheme, method=method, group_size=group_size,
                         smoothing_strength=smoothing_strength, samples=samples,
                         max_seq_len=max_seq_len, calibration=calibration)
+
+
+def default_method(scheme: str) -> str:
+    # fp8 needs no calibration: dynamic per-token activation scales, per-channel weights.
+    return "rtn" if scheme == "fp8" else DEFAULT_METHOD
 
 
 def read_config(model: Path) -> dict[str, Any]:

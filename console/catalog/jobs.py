@@ -1,0 +1,162 @@
+"""Quantization jobs: starting, cancelling, and failing the ones a killed worker left behind."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+import psutil
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from kombu.exceptions import OperationalError
+
+from console.catalog.models import BaseModel, QuantizationJob, Variant
+from inference.quantization.calibration import DEFAULT_FILE
+from inference.quantization.options import (
+    DEFAULT_MAX_SEQ_LEN,
+    DEFAULT_SAMPLES,
+    OptionError,
+    default_method,
+    resolve,
+)
+from inference.quantization.output import partial_dir
+
+log = logging.getLogger("pdserve.catalog")
+
+State = QuantizationJob.State
+# The task beats every HEARTBEAT_S while its builder runs; a running job silent for STALE_S
+# lost its worker.
+HEARTBEAT_S = 0.5
+STALE_S = 15.0
+# At worker start no other worker of this node should be running the job: a shorter wait.
+STALE_AT_WORKER_START_S = 3.0
+
+# The builder's flags, as the API's fields.
+FIELDS = {"--model": "source", "--scheme": "scheme", "--method": "method",
+          "--group-size": "group_size", "--smoothing-strength": "smoothing_strength",
+          "--samples": "samples", "--out": "name"}
+
+
+class JobError(ValueError):
+    """A job that cannot be started or changed; ``field`` names the input, ``conflict`` is a 409."""
+
+    def __init__(self, field: str, message: str, *, conflict: bool = False) -> None:
+        super().__init__(message)
+        self.field = field
+        self.conflict = conflict
+
+
+def start_job(base: BaseModel, *, scheme: str, method: str | None = None,
+              group_size: int | None = None, smoothing_strength: float | None = None,
+              name: str = "", source: Variant | None = None,
+              samples: int = DEFAULT_SAMPLES) -> QuantizationJob:
+    """Check the request against the source model, record the job and queue it after commit."""
+    source = source or default_source(base)
+    if source.base_id != base.pk:
+        raise JobError("source", f"{source} is not a variant of {base.name}")
+    if source.quantization:
+        raise JobError("source", f"{source} is already quantized ({source.quantization})")
+    method = method or default_method(scheme)
+    name = name or f"{scheme}-{method}"
+    path = settings.PDSERVE_MODEL_DIR / f"{base.name}-{name}"
+    _refuse_conflicts(base, name, path)
+    try:
+        options = resolve(model=Path(source.path), out=path, scheme=scheme, method=method,
+                          group_size=group_size, smoothing_strength=smoothing_strength,
+                          samples=samples, max_seq_len=DEFAULT_MAX_SEQ_LEN, calibration=DEFAULT_FILE)
+    except OptionError as exc:
+        raise JobError(FIELDS.get(exc.flag, "non_field_errors"), str(exc).removeprefix(f"{exc.flag}: "),
+                       conflict=exc.flag == "--out") from exc
+    with transaction.atomic():
+        job = QuantizationJob.objects.create(
+            base=base, source=source, name=name, path=str(path), scheme=options.scheme,
+            method=options.method, group_size=options.group_size,
+            smoothing_strength=options.smoothing_strength, samples=options.samples)
+        transaction.on_commit(partial(_send, job.pk))
+    return job
+
+
+def default_source(base: BaseModel) -> Variant:
+    """The variant to quantize when none is named: an inspected, unquantized one (bf16 first)."""
+    candidates = [v for v in base.variants.all() if v.inspected and not v.quantization]
+    if not candidates:
+        raise JobError("source", f"{base.name} has no inspected unquantized variant to quantize")
+    return min(candidates, key=lambda v: (v.name != "bf16", v.name))
+
+
+def _refuse_conflicts(base: BaseModel, name: str, path: Path) -> None:
+    if Variant.objects.filter(base=base, name=name).exists():
+        raise JobError("name", f"{base.name} already has a variant named {name}", conflict=True)
+    if QuantizationJob.objects.filter(base=base, name=name, state__in=QuantizationJob.ACTIVE_STATES).exists():
+        raise JobError("name", f"a job is already building {base.name}/{name}", conflict=True)
+    if Variant.objects.filter(path=str(path)).exists() or path.exists():
+        raise JobError("name", f"{path} already exists", conflict=True)
+
+
+def _send(job_id: int) -> None:
+    from console.catalog.tasks import quantize_variant
+
+    try:
+        quantize_variant.delay(job_id)
+    except OperationalError as exc:
+        log.warning("could not queue quantization job %s: %s", job_id, exc)
+        QuantizationJob.objects.filter(pk=job_id, state=State.QUEUED).update(
+            state=State.FAILED, error=f"could not queue the job: {exc}", finished_at=timezone.now())
+
+
+def cancel_job(job: QuantizationJob) -> QuantizationJob:
+    """A queued job is cancelled at once; a running one when its worker next looks (~0.5 s)."""
+    reap_orphans()
+    now = timezone.now()
+    if QuantizationJob.objects.filter(pk=job.pk, state=State.QUEUED).update(
+            state=State.CANCELLED, finished_at=now, stage="cancelled"):
+        pass
+    elif not QuantizationJob.objects.filter(pk=job.pk, state=State.RUNNING).update(cancel_requested=True):
+        job.refresh_from_db()
+        raise JobError("state", f"the job has already {job.state}", conflict=True)
+    job.refresh_from_db()
+    return job
+
+
+def reap_orphans(stale_after_s: float = STALE_S) -> int:
+    """Fail running jobs whose worker stopped beating, and remove what their builder wrote."""
+    cutoff = timezone.now() - timedelta(seconds=stale_after_s)
+    reaped = 0
+    for job in QuantizationJob.objects.filter(state=State.RUNNING, heartbeat_at__lt=cutoff):
+        kill_builder(job)
+        remove_outputs(job)
+        reaped += QuantizationJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
+            state=State.FAILED, finished_at=timezone.now(), stage="failed",
+            error="the job's worker stopped while building (killed or crashed); "
+                  "its files were removed")
+    return reaped
+
+
+def kill_builder(job: QuantizationJob, grace_s: float = 10.0) -> None:
+    """Stop the job's builder process group, if it is still alive and still the builder."""
+    if not job.pid:
+        return
+    try:
+        process = psutil.Process(job.pid)
+        # The pid may have been reused since: only a builder of this job's directory is ours.
+        if job.path not in process.cmdline():
+            return
+        os.killpg(job.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
+    except psutil.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+    except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+        return
+
+
+def remove_outputs(job: QuantizationJob) -> None:
+    """Delete the job's partial directory, and its output unless a variant was registered there."""
+    shutil.rmtree(partial_dir(Path(job.path)), ignore_errors=True)
+    if not Variant.objects.filter(path=job.path).exists():
+        shutil.rmtree(job.path, ignore_errors=True)
