@@ -290,7 +290,7 @@ def form_data(variant: Variant, node: Node, **changes: str) -> dict[str, str]:
         "sampling_defaults": '{"temperature": 0}', "router_port": str(free_port()),
         "prefill_policy": "least_outstanding", "decode_policy": "least_outstanding",
         "pd_policy": "pd_adaptive", "stall_budget_ms": "250",
-        "gate_mode": "auto", "gate_prompts": "8", "gate_min_agreement": "0.9",
+        "kv_load_failure": "fail", "gate_mode": "auto", "gate_prompts": "8", "gate_min_agreement": "0.9",
         "gate_max_mean_delta": "0.5", "gate_action": "block",
     }
     for role, core in (("prefill", node.cpu_ids[0]), ("decode", node.cpu_ids[-1]),
