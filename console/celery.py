@@ -1,4 +1,4 @@
-"""pdserve's Celery app: background jobs of the console (hashing model weights).
+"""pdserve's Celery app: background jobs of the console (hashing model weights, measuring variants).
 
 Run a worker with ``celery -A console.celery worker --pool solo --concurrency 1``. The broker is
 a directory under the data directory unless REDIS_URL is set (console/settings.py).
@@ -16,7 +16,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("pdserve")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["console.catalog"])
+app.autodiscover_tasks(["console.catalog", "console.quality"])
 
 # The filesystem transport expects its folders to exist, in the sender as in the worker.
 for _key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):

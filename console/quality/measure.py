@@ -19,6 +19,7 @@ from django.utils import timezone
 from console.catalog.models import Variant
 from console.fleet.models import Node
 from console.quality.models import VariantMeasurement
+from console.quality.services import original_variant
 from inference.launch import LaunchError
 from inference.output_gate import (
     DEFAULT_MAX_TOKENS,
@@ -43,12 +44,8 @@ class MeasureRefused(Exception):
 
 
 def base_reference(variant: Variant) -> Variant | None:
-    """The unquantized variant of the same base (``bf16`` first); the variant itself if it is one."""
-    if not variant.is_quantized:
-        return variant
-    found = list(Variant.objects.filter(base=variant.base_id, quantization=""))
-    found.sort(key=lambda v: (v.name != "bf16", v.name))
-    return found[0] if found else None
+    """What a variant is gated against: its base model's original unquantized variant."""
+    return original_variant(variant.base_id)
 
 
 def queue_measurement(variant: Variant, node: Node, dtype: str = "bfloat16") -> VariantMeasurement:
@@ -108,10 +105,15 @@ def _measure(measurement: VariantMeasurement) -> dict[str, object]:
                                data_dir=str(settings.DATA_DIR))
 
     prompts = load_prompts(DEFAULT_PROMPTS)
-    with running_server(server(reference.path), log_dir / f"{measurement.pk}-reference.log") as url, \
-            httpx.Client(timeout=300) as client:
-        answers = reference_answers(client, url, prompts, DEFAULT_MAX_TOKENS)
+    answers = None
+    if reference.pk != variant.pk:
+        with running_server(server(reference.path), log_dir / f"{measurement.pk}-reference.log") \
+                as url, httpx.Client(timeout=300) as client:
+            answers = reference_answers(client, url, prompts, DEFAULT_MAX_TOKENS)
     with running_server(server(variant.path), log_dir / f"{measurement.pk}-{variant.name}.log") as url:
+        if answers is None:  # the variant is the reference: it answers and is scored itself
+            with httpx.Client(timeout=300) as client:
+                answers = reference_answers(client, url, prompts, DEFAULT_MAX_TOKENS)
         speed = measure_speed(url, PREFILL_TOKENS)
         report = run_gate(url, {str(variant): url}, prompts, answers=answers)
     return {"reference": f"{reference} ({measurement.dtype})", "prompt_tokens": speed.prefill_tokens,

@@ -9,6 +9,7 @@ the plan's action is ``block``.
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Case, When
 from django.utils import timezone
 
 from console.catalog.models import Variant
@@ -45,15 +46,15 @@ def gate_applies(deployment: Deployment) -> tuple[bool, str]:
 
 
 def reference_variant(deployment: Deployment) -> Variant | None:
-    """The full-precision reference: an unquantized variant of the plan's base model, the one
-    the workers use if they use one, else the base's (``bf16`` first)."""
-    used = [w.variant for w in deployment.workers.all() if not w.variant.is_quantized
-            and w.variant.base_id == deployment.base_model_id]
-    if used:
-        return used[0]
-    candidates = list(Variant.objects.filter(base=deployment.base_model_id, quantization=""))
-    candidates.sort(key=lambda v: (v.name != "bf16", v.name))
-    return candidates[0] if candidates else None
+    """The full-precision reference: the base model's unquantized variant named ``bf16``, else
+    its first registered unquantized one. Not simply an unquantized variant a worker uses: that
+    may be a different (or damaged) checkpoint, which is what the gate is there to catch."""
+    return original_variant(deployment.base_model_id)
+
+
+def original_variant(base_id: int) -> Variant | None:
+    return (Variant.objects.filter(base=base_id, quantization="")
+            .order_by(Case(When(name="bf16", then=0), default=1), "pk").first())
 
 
 def candidates(deployment: Deployment) -> dict[str, str]:
