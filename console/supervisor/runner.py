@@ -2,8 +2,10 @@
 
 Each tick runs a few small steps, each returning whether it did anything:
 ``reap`` (notice exits), ``reconcile`` (start what should run, stop what should not),
-``check_health`` (starting -> ready), ``gates`` (output gates once the workers are ready) and
-``sweep`` (old shared-storage KV files). Start order: workers, then the gate, then the router;
+``check_health`` (starting -> ready), ``gates`` (output gates once the workers are ready),
+``pools`` (a running router's pools follow plan changes, see pools.py) and ``sweep`` (old
+shared-storage KV files). A worker that leaves a running plan is stopped once its router has
+drained it. Start order: workers, then the gate, then the router;
 the router is left out while ``router_hold`` names a reason.
 """
 
@@ -34,6 +36,7 @@ from console.live.logstore import CapturedLine, LogStore, clean_line
 from console.quality.gates import GateRunner
 from console.quality.services import router_hold
 from console.supervisor.models import ManagedProcess
+from console.supervisor.pools import PoolSync
 from inference.kv_channels import SharedStorageChannel
 
 log = logging.getLogger("pdserve.supervisor")
@@ -74,6 +77,7 @@ class Supervisor:
         default_factory=lambda: LogStore(retention_lines=settings.PDSERVE_LOG_RETENTION_LINES)
     )
     gates: GateRunner = field(default_factory=GateRunner)
+    pools: PoolSync = field(default_factory=PoolSync)
 
     def __post_init__(self) -> None:
         self.http = httpx.Client(timeout=self.probe_timeout_s)
@@ -104,6 +108,7 @@ class Supervisor:
         did = self.reconcile() or did
         did = self.check_health() or did
         did = self.gates.step() or did
+        did = self.pools.step() or did
         return self.sweep() or did
 
     def reap(self) -> bool:
@@ -168,9 +173,17 @@ class Supervisor:
                 did = True
         for child in list(self.children.values()):
             if (child.deployment_id, child.slot) not in running_slots and child.stop_deadline is None:
-                self._stop(child)
-                did = True
+                if self._drained(child):
+                    self._stop(child)
+                    did = True
         return did
+
+    def _drained(self, child: Child) -> bool:
+        """A worker that left a running plan is stopped only once its router has drained it."""
+        record = ManagedProcess.objects.filter(pk=child.record_id).select_related("deployment").first()
+        if record is None:
+            return True
+        return self.pools.drained(record.deployment, record.role, record.url)
 
     def check_health(self) -> bool:
         did = False

@@ -1,0 +1,159 @@
+"""A running plan that gains or loses a worker changes its router's pool through the router's
+admin API, with a real router process: no restart, and a removed worker is stopped only after
+the requests it has in flight finished."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from console.deployments.models import Deployment, WorkerPlan
+from console.gateway.router_admin import admin_token
+from console.supervisor.models import ManagedProcess
+from console.supervisor.pools import PoolSync
+from tests.console.sockets import wait_for
+from tests.console.tiny_models import make_plan
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Worker(ThreadingHTTPServer):
+    """Stands in for a vLLM worker: healthy, and answers completions after ``hold_s``."""
+
+    def __init__(self, port: int, name: str, hold_s: float = 0.0):
+        self.name = name
+        self.hold_s = hold_s
+        self.answered = 0
+        super().__init__(("127.0.0.1", port), _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Worker
+
+    def log_message(self, *_args: object) -> None:
+        return None
+
+    def _json(self, body: dict[str, object]) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._json({})
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(self.server.hold_s)
+        self.server.answered += 1
+        self._json({"id": "x", "object": "text_completion", "model": "tiny",
+                    "choices": [{"index": 0, "text": self.server.name, "finish_reason": "length"}]})
+
+
+@pytest.fixture
+def colocated(tmp_path: Path) -> Iterator[tuple[Deployment, list[Worker]]]:
+    deployment = make_plan(tmp_path, mode=Deployment.Mode.COLOCATED,
+                           desired_state=Deployment.DesiredState.RUNNING)
+    first, second = deployment.workers.order_by("pk")
+    for index, worker in enumerate((first, second)):
+        WorkerPlan.objects.filter(pk=worker.pk).update(role=WorkerPlan.Role.COLOCATED, index=index)
+    first, second = deployment.workers.order_by("index")
+    workers = [Worker(w.port, w.slot, hold_s=1.5) for w in (first, second)]
+    for worker in workers:
+        threading.Thread(target=worker.serve_forever, daemon=True).start()
+    for plan in (first, second):
+        ManagedProcess.objects.create(deployment=deployment, slot=plan.slot, role=plan.role,
+                                      port=plan.port, state=ManagedProcess.State.READY,
+                                      log_path=str(tmp_path / f"{plan.slot}.log"))
+    ManagedProcess.objects.create(deployment=deployment, slot="router", role="router",
+                                  port=deployment.router_port, pid=os.getpid(),
+                                  state=ManagedProcess.State.READY,
+                                  log_path=str(tmp_path / "router.log"))
+    # The router starts with the first worker only, as if the second came with a plan change.
+    router = subprocess.Popen(
+        [sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
+         "--tokenizer", first.variant.path, "--max-model-len", "2048",
+         "--port", str(deployment.router_port), "--colocated", first.url],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "PDSERVE_ROUTER_ADMIN_TOKEN": admin_token(deployment)})
+    try:
+        wait_for(lambda: _ok(f"{deployment.router_url}/health"), "the router", timeout=60)
+        yield deployment, workers
+    finally:
+        router.kill()
+        router.wait()
+        for worker in workers:
+            worker.shutdown()
+            worker.server_close()
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def members(deployment: Deployment) -> dict[str, str]:
+    response = httpx.get(f"{deployment.router_url}/admin/backends", timeout=5,
+                         headers={"Authorization": f"Bearer {admin_token(deployment)}"})
+    assert response.status_code == 200
+    return {b["url"]: b["state"] for b in response.json()["roles"]["colocated"]["backends"]}
+
+
+def test_a_ready_planned_worker_joins_the_router_and_a_removed_one_drains_first(
+        colocated: tuple[Deployment, list[Worker]]) -> None:
+    deployment, workers = colocated
+    first, second = deployment.workers.order_by("index")
+    pools = PoolSync(sync_every_s=0)
+    assert set(members(deployment)) == {first.url}
+
+    assert pools.step()
+    wait_for(lambda: members(deployment) == {first.url: "ready", second.url: "ready"},
+             "the second worker in the pool")
+    assert not pools.step()  # nothing left to add
+
+    # Two requests at once: least outstanding puts one on each worker.
+    results: list[httpx.Response] = []
+
+    def send() -> None:
+        results.append(httpx.post(f"{deployment.router_url}/v1/completions", timeout=30,
+                                  json={"model": "tiny", "prompt": "ab", "max_tokens": 2}))
+
+    clients = [threading.Thread(target=send) for _ in range(2)]
+    for client in clients:
+        client.start()
+    wait_for(lambda: workers[1].answered == 0 and _in_flight(deployment, second.url) == 1,
+             "a request in flight on the second worker")
+
+    # The second worker leaves the plan while its request is in flight.
+    second.delete()
+    assert not pools.drained(deployment, "colocated", second.url)  # drain requested
+    assert members(deployment)[second.url] == "draining"
+    assert not pools.drained(deployment, "colocated", second.url)  # still busy
+    for client in clients:
+        client.join(timeout=30)
+    assert [r.status_code for r in results] == [200, 200]
+    assert workers[1].answered == 1  # the in-flight request finished on the leaving worker
+    wait_for(lambda: pools.drained(deployment, "colocated", second.url), "the drain to end")
+    assert set(members(deployment)) == {first.url}
+
+
+def _in_flight(deployment: Deployment, url: str) -> int:
+    response = httpx.get(f"{deployment.router_url}/health", timeout=5)
+    backends = response.json()["roles"]["colocated"]["backends"]
+    return next((b["in_flight"] for b in backends if b["url"] == url), 0)
