@@ -106,10 +106,14 @@ def request_gate(deployment: Deployment) -> GateResult:
 def router_hold(deployment: Deployment, gate: GateResult | None = None) -> str:
     """Why the router must not serve now, or "" when it may."""
     gate = gate or latest_gate(deployment)
+    if gate is not None and not gate.done:
+        if gate.trigger == GateResult.Trigger.START:
+            return "waiting for the output gate"
+        # A run on demand changes nothing until it is done: the last verdict stands meanwhile.
+        gate = deployment.gate_results.filter(
+            state__in=(State.PASSED, State.FAILED, State.ERROR)).order_by("-created", "-pk").first()
     if gate is None:
         return ""
-    if gate.trigger == GateResult.Trigger.START and gate.state in (State.QUEUED, State.RUNNING):
-        return "waiting for the output gate"
     if (gate.state in (State.FAILED, State.ERROR) and deployment.gate_action == Deployment.GateAction.BLOCK
             and gate_applies(deployment)[0]):
         what = "failed" if gate.state == State.FAILED else "could not run"

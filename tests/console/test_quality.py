@@ -144,6 +144,15 @@ def test_a_failed_gate_blocks_the_router_or_only_warns(mixed: Deployment,
     assert 'id="gate-warning"' in panel and 'id="gate-hold"' not in panel
 
 
+def test_a_run_on_demand_keeps_the_last_verdict_until_it_is_done(mixed: Deployment) -> None:
+    services.start(mixed)
+    finish(quality.latest_gate(mixed), "failed")
+    again = quality.request_gate(mixed)
+    assert quality.router_hold(mixed).startswith("output gate failed")
+    finish(again, "passed", agreement=0.95)
+    assert quality.router_hold(mixed) == ""
+
+
 def test_a_gate_that_could_not_run_blocks_too(mixed: Deployment) -> None:
     services.start(mixed)
     gate = quality.latest_gate(mixed)
