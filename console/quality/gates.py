@@ -45,10 +45,11 @@ class GateRunner:
     jobs: dict[int, GateJob] = field(default_factory=dict)
 
     def recover(self) -> int:
-        """Gates a previous supervisor left running will never finish: mark them."""
+        """Gates a previous supervisor left running will never finish: queue them again. (A
+        supervisor that stopped normally killed their reference servers; one killed with SIGKILL
+        leaves its reference server running, which nothing here tracks.)"""
         return GateResult.objects.filter(state=State.RUNNING).update(
-            state=State.ERROR, error="interrupted: the supervisor stopped while it ran",
-            finished_at=timezone.now())
+            state=State.QUEUED, started_at=None)
 
     def step(self) -> bool:
         """Start the queued gates whose workers are all ready; forget finished threads."""

@@ -288,14 +288,15 @@ def test_measurement_api_names_the_bad_field(api: APIClient, variants: dict[str,
     assert again.status_code == 400 and "already being measured" in again.json()["variant"][0]
 
 
-def test_a_gate_of_a_previous_supervisor_is_marked_interrupted(mixed: Deployment) -> None:
+def test_a_gate_a_previous_supervisor_left_running_runs_again(mixed: Deployment) -> None:
     from console.quality.gates import GateRunner
 
     services.start(mixed)
-    GateResult.objects.filter(deployment=mixed).update(state="running")
+    GateResult.objects.filter(deployment=mixed).update(state="running", started_at=timezone.now())
     assert GateRunner().recover() == 1
     gate = quality.latest_gate(mixed)
-    assert gate.state == "error" and "interrupted" in gate.error
+    assert (gate.state, gate.started_at) == ("queued", None)
+    assert quality.router_hold(mixed) == "waiting for the output gate"
 
 
 def test_queued_gates_wait_for_every_worker(mixed: Deployment) -> None:
