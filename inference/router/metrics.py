@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -13,6 +14,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 class RouterMetrics:
     registry: CollectorRegistry
     requests: Counter
+    added_seconds: Histogram
+    kv_handoff_seconds: Histogram
     auth_failures: Counter
     rate_limited: Counter
     rate_limit_store_errors: Counter
@@ -41,8 +44,21 @@ class RouterMetrics:
         return cls(
             registry=registry,
             requests=Counter(
-                "pdserve_router_requests", "Requests answered, by endpoint and HTTP status",
-                ["endpoint", "status"], registry=registry,
+                "pdserve_router_requests",
+                "Requests answered, by endpoint, HTTP status and the workers that served them "
+                "(prefill+decode, decode, prefill, colocated, or none when refused first)",
+                ["endpoint", "status", "role"], registry=registry,
+            ),
+            added_seconds=Histogram(
+                "pdserve_router_added_seconds",
+                "The router's own time before a request's first token: before its first call to a "
+                "worker, and between prefill's answer and the call to decode (queue waits excluded)",
+                buckets=ADDED_BUCKETS, registry=registry,
+            ),
+            kv_handoff_seconds=Histogram(
+                "pdserve_router_kv_handoff_seconds",
+                "From prefill's answer to decode's first token: the KV load plus decode's first step",
+                buckets=LATENCY_BUCKETS, registry=registry,
             ),
             auth_failures=Counter(
                 "pdserve_router_auth_failures",

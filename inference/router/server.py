@@ -263,10 +263,33 @@ class Router:
         return response
 
     def _finish(self, timeline: Timeline) -> None:
-        self.metrics.requests.labels(timeline.endpoint, str(timeline.status)).inc()
+        events = timeline.events
+        if timeline.prefill and timeline.decode:
+            role = "prefill+decode"
+        elif timeline.decode:
+            role = "decode"
+        elif timeline.prefill:
+            role = "prefill"
+        else:
+            role = self.config.mode if "decode_dispatched" in events else "none"
+        self.metrics.requests.labels(timeline.endpoint, str(timeline.status), role).inc()
         if timeline.prefill and timeline.decode:
             outcome = "ok" if timeline.status == 200 and not timeline.error else "failed"
             self.metrics.kv_handoffs.labels(timeline.prefill, timeline.decode, outcome).inc()
+            if outcome == "ok" and "prefill_done" in events and "first_token" in events:
+                self.metrics.kv_handoff_seconds.observe(
+                    (events["first_token"] - events["prefill_done"]) / 1000)
+        if timeline.status == 200:
+            # The router's own time before the first token: before its first call to a worker
+            # (parsing, keys, limits, tokenizing), and between prefill's answer and the call
+            # to decode. Time spent waiting in the prefill queue is the workers', not the router's.
+            first_call = next((events[e] for e in ("prefill_queued", "prefill_dispatched",
+                                                   "decode_dispatched") if e in events), None)
+            if first_call is not None:
+                added = first_call
+                if "prefill_done" in events and "decode_dispatched" in events:
+                    added += events["decode_dispatched"] - events["prefill_done"]
+                self.metrics.added_seconds.observe(added / 1000)
         timeline_log.info("timeline %s", timeline.to_json())
 
     async def _serve_inner(self, request: web.Request, endpoint: str,
@@ -549,6 +572,8 @@ class Router:
         backend = self._pick(role, parsed)
         if role == "decode":
             timeline.decode = backend.url
+        elif role == "prefill":
+            timeline.prefill = backend.url
         timeline.mark("decode_dispatched")
         backend.acquire()
         try:

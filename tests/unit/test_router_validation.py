@@ -292,10 +292,14 @@ async def test_health_is_200_when_both_roles_are_ready(pd: PD) -> None:
 async def test_rejected_requests_are_counted_by_status(pd: PD) -> None:
     await pd.client.post(CHAT, json={**GOOD_CHAT, "model": "nope"})
     await pd.client.post(CHAT, json=GOOD_CHAT)
-    labels = {"endpoint": "chat", "status": "404"}
+    labels = {"endpoint": "chat", "status": "404", "role": "none"}
     assert await pd.running.metric("pdserve_router_requests_total", labels) == 1
-    labels = {"endpoint": "chat", "status": "200"}
+    labels = {"endpoint": "chat", "status": "200", "role": "prefill+decode"}
     assert await pd.running.metric("pdserve_router_requests_total", labels) == 1
+    # The router's own time and the hand-off time of the one answered request.
+    assert await pd.running.metric("pdserve_router_added_seconds_count", {}) == 1
+    assert 0 < await pd.running.metric("pdserve_router_added_seconds_sum", {}) < 0.5
+    assert await pd.running.metric("pdserve_router_kv_handoff_seconds_count", {}) == 1
 
 
 def test_cli_config_reads_the_api_key_from_the_environment_only(
