@@ -32,24 +32,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import redis.asyncio as redis
-from redis.exceptions import RedisError
-
 from inference.router.keys import ApiKey, Limits
+from inference.router.redis_client import RedisClient, RedisReplyError
 
 log = logging.getLogger("pdserve.router")
 
 WINDOW_S = 60
 DEFAULT_RESERVED_TOKENS = 256
 REDIS_RETRY_S = 1.0
-REDIS_TIMEOUT_S = 0.25
+REDIS_TIMEOUT_S = 0.5
 # Which limit refused, as named in the 429 body and the metric's label.
 LIMIT_LABELS = ("requests_per_minute", "prompt_tokens_per_minute", "generated_tokens_per_minute",
                 "max_concurrency")
 # A slot frees when some request ends, which the router cannot foresee.
 CONCURRENCY_RETRY_S = 1
-# A Redis that refuses, resets or times out (redis-py raises its own errors, or OSError).
-STORE_ERRORS = (RedisError, OSError)
+# A Redis that refuses, resets, times out (OSError covers all three) or answers an error.
+STORE_ERRORS = (RedisReplyError, OSError)
 
 
 class Refused(Exception):
@@ -226,10 +224,7 @@ class RedisStore:
     """Counters shared by every replica through one Redis; each call is one atomic script."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
-                                           socket_connect_timeout=REDIS_TIMEOUT_S)
-        self._admit = self.client.register_script(ADMIT_LUA)
-        self._settle = self.client.register_script(SETTLE_LUA)
+        self.client = RedisClient(url, REDIS_TIMEOUT_S, {"admit": ADMIT_LUA, "settle": SETTLE_LUA})
 
     @staticmethod
     def _base(prefix: str) -> str:
@@ -240,14 +235,15 @@ class RedisStore:
                     lease: str, lease_ttl_s: float) -> tuple[int, int]:
         args: list[Any] = [value for pair in costs for value in pair]
         args += [max_concurrency, lease, lease_ttl_s]
-        result = await self._admit(keys=[self._base(prefix)], args=args)
+        result = await self.client.evalsha("admit", [self._base(prefix)], args)
+        assert isinstance(result, list)
         return int(result[0]), int(result[1])
 
     async def settle(self, prefix: str, lease: str | None, window: int, delta: int) -> None:
-        await self._settle(keys=[self._base(prefix)], args=[lease or "", window, delta])
+        await self.client.evalsha("settle", [self._base(prefix)], [lease or "", window, delta])
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.client.close()
 
 
 class RateLimiter:
@@ -298,6 +294,8 @@ class RateLimiter:
     async def settle(self, ticket: Ticket, generated: int) -> None:
         """Give back the lease and what was reserved but not generated (or charge the excess)."""
         delta = generated - ticket.reserved if ticket.reserved else 0
+        if ticket.lease is None and not delta:
+            return
         try:
             await ticket.store.settle(ticket.key.prefix, ticket.lease, ticket.window, delta)
         except STORE_ERRORS as exc:

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import redis.asyncio as redis
+import redis.asyncio as redis  # the test's own view of Redis, independent of the router's client
 
 from inference.router.keys import LIMIT_NAMES, key_hash, new_key, public_prefix
-from inference.router.ratelimit import MemoryStore, wait_seconds
+from inference.router.ratelimit import REDIS_TIMEOUT_S, MemoryStore, wait_seconds
+from inference.router.redis_client import RedisReplyError, encode, parse, parse_url
 from tests.unit.conftest import MODEL, RunningRouter, StubVLLM
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
@@ -186,6 +187,8 @@ class RedisProxy:
     def __init__(self) -> None:
         self.server: asyncio.Server | None = None
         self.writers: list[asyncio.StreamWriter] = []
+        # Set: commands are swallowed, as by a Redis that hangs or a network that drops packets.
+        self.silent = False
 
     async def start(self) -> int:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -198,8 +201,9 @@ class RedisProxy:
         async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
             with contextlib.suppress(ConnectionError, OSError):
                 while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
+                    if not self.silent:
+                        sink.write(data)
+                        await sink.drain()
             sink.close()
 
         await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
@@ -249,3 +253,51 @@ async def test_the_memory_store_slides_its_window(monkeypatch: pytest.MonkeyPatc
     assert (await store.admit("p", costs, 0, "", 1))[0] == 1
     clock[0] = 780.0  # two minutes later: all gone
     assert (await store.admit("p", costs, 0, "", 1))[0] == 0
+
+
+def test_redis_replies_are_parsed_however_they_are_cut() -> None:
+    wire = b"*2\r\n:0\r\n:29934\r\n$5\r\nhello\r\n-NOSCRIPT No matching script\r\n+OK\r\n$-1\r\n"
+    expected = [[0, 29934], b"hello", "NOSCRIPT No matching script", "OK", None]
+    for cut in range(len(wire) + 1):
+        # Everything a first read of `cut` bytes allows, then the rest after a second read.
+        buffer, values, pos = bytearray(wire[:cut]), [], 0
+        while (item := parse(buffer, pos)) is not None:
+            values.append(item[0])
+            pos = item[1]
+        buffer += wire[cut:]
+        while (item := parse(buffer, pos)) is not None:
+            values.append(item[0])
+            pos = item[1]
+        assert [str(v) if isinstance(v, RedisReplyError) else v for v in values] == expected
+    assert encode(("EVALSHA", "abc", 1, b"k")) == (
+        b"*4\r\n$7\r\nEVALSHA\r\n$3\r\nabc\r\n$1\r\n1\r\n$1\r\nk\r\n")
+
+
+@pytest.mark.parametrize("url, message", [
+    ("http://127.0.0.1:6379", "scheme"),
+    ("unix:///run/redis.sock", "scheme"),
+    ("redis://127.0.0.1:6379/zero", "database"),
+])
+def test_a_bad_redis_url_is_refused_at_start_naming_it(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=f"REDIS_URL.*{message}"):
+        parse_url(url)
+    assert parse_url("rediss://u:p%40ss@cache:6380/2") == {
+        "host": "cache", "port": 6380, "username": "u", "password": "p@ss", "db": 2, "tls": True}
+
+
+async def test_a_redis_that_stops_answering_costs_one_timeout_then_memory(
+        start_router: StartRouter, make_stub: MakeStub, tmp_path: Path, fresh_key: str) -> None:
+    proxy = RedisProxy()
+    port = await proxy.start()
+    running = await limited_router(start_router, await make_stub("w"), tmp_path, fresh_key,
+                                   f"redis://127.0.0.1:{port}/0", requests_per_minute=100)
+    assert (await post(running, fresh_key, completion()))[0] == 200
+    proxy.silent = True
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert (await post(running, fresh_key, completion()))[0] == 200
+    assert loop.time() - started < REDIS_TIMEOUT_S + 0.5  # one timeout, then in memory
+    started = loop.time()
+    assert (await post(running, fresh_key, completion()))[0] == 200
+    assert loop.time() - started < 0.2  # no second wait while Redis is known to be down
+    await proxy.cut()
