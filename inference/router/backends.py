@@ -33,6 +33,9 @@ class Backend:
     last_change: float = field(default_factory=time.monotonic)
     # Removed from its pool; finishing the requests it already has.
     draining: bool = False
+    # Circuit breaker: failed calls in a row, and until when the breaker keeps it out.
+    failures: int = 0
+    open_until: float = 0.0
     _idle: asyncio.Event | None = field(default=None, repr=False)
 
     def mark(self, healthy: bool, error: str = "") -> None:
@@ -40,6 +43,20 @@ class Backend:
             self.last_change = time.monotonic()
         self.healthy = healthy
         self.last_error = error
+
+    def call_failed(self, threshold: int, cooldown_s: float) -> bool:
+        """Count a failed call; at ``threshold`` in a row the breaker opens: the backend is out
+        for ``cooldown_s``, whatever its health probe says. Returns whether it opened now."""
+        self.failures += 1
+        if self.failures < threshold or time.monotonic() < self.open_until:
+            return False
+        self.open_until = time.monotonic() + cooldown_s
+        self.mark(False, f"circuit open: {self.failures} failed calls in a row; "
+                         f"probed again after {cooldown_s:g} s")
+        return True
+
+    def call_succeeded(self) -> None:
+        self.failures = 0
 
     def client(self) -> aiohttp.ClientSession:
         if self.session is None:
@@ -152,8 +169,10 @@ SLOW_PROBES_TO_FAIL = 3
 
 
 async def probe(backend: Backend, timeout_s: float) -> None:
-    if backend.draining:
-        # Its session may be closed by now; a removed backend's health no longer matters.
+    if backend.draining or time.monotonic() < backend.open_until:
+        # A removed backend's health no longer matters (its session may be closed by now); an
+        # open breaker keeps its backend out until the cool-down ends, then the probe decides
+        # (half-open: one more failed call opens it again).
         return
     try:
         async with backend.client().get(

@@ -52,6 +52,10 @@ class RouterConfig:
     stall_budget_ms: float = 250.0
     # pd_adaptive: remote prefills in flight per prefill worker; more wait in the router's queue.
     prefill_slots: int = 1
+    # Circuit breaker: this many failed calls in a row (5xx answers, refused or broken
+    # connections) take a worker out for the cool-down, even if its /health still passes.
+    breaker_failures: int = 5
+    breaker_cooldown_s: float = 10.0
     # Bearer token of the admin API (/admin/*); None switches the admin API off.
     admin_token: str | None = field(default=None, repr=False)
     # Inference keys (hashes, scopes, limits) the console wrote; see inference/router/keys.py.
@@ -85,6 +89,10 @@ class RouterConfig:
             raise ValueError(f"--pd-policy: unknown {self.pd_policy!r} (one of {', '.join(PD_POLICIES)})")
         if self.stall_budget_ms <= 0:
             raise ValueError("--stall-budget-ms: must be positive")
+        if self.breaker_failures < 1:
+            raise ValueError("--breaker-failures: must be at least 1")
+        if self.breaker_cooldown_s <= 0:
+            raise ValueError("--breaker-cooldown: must be positive")
         if self.prefill_slots < 1:
             raise ValueError("--prefill-slots: must be at least 1")
         if self.prefix_block_size < 1:
@@ -147,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefill-slots", type=int, default=_default("prefill_slots"),
                         help="pd_adaptive: remote prefills in flight per prefill worker; the "
                              "rest wait in the router, shortest first with aging")
+    parser.add_argument("--breaker-failures", type=int, default=_default("breaker_failures"),
+                        help="failed calls in a row that take a worker out (circuit breaker)")
+    parser.add_argument("--breaker-cooldown", type=float, dest="breaker_cooldown_s",
+                        default=_default("breaker_cooldown_s"),
+                        help="seconds an open breaker keeps a worker out before probing it again")
     parser.add_argument("--prefix-block-size", type=int, default=_default("prefix_block_size"),
                         help="KV block size of the workers, in tokens (for prefix_aware)")
     parser.add_argument("--prefix-blocks", type=int, default=_default("prefix_blocks"),
@@ -181,6 +194,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         pd_policy=args.pd_policy,
         stall_budget_ms=args.stall_budget_ms,
         prefill_slots=args.prefill_slots,
+        breaker_failures=args.breaker_failures,
+        breaker_cooldown_s=args.breaker_cooldown_s,
         prefix_block_size=args.prefix_block_size,
         prefix_blocks=args.prefix_blocks,
         admin_token=os.environ.get("PDSERVE_ROUTER_ADMIN_TOKEN") or None,

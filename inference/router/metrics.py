@@ -31,6 +31,7 @@ class RouterMetrics:
     local_prefill: Counter
     policy_decisions: Counter
     retries: Counter
+    breaker_opened: Counter
     placements: Counter
     prefill_queue_depth: Gauge
     prefill_queue_wait_seconds: Histogram
@@ -133,6 +134,11 @@ class RouterMetrics:
                 "pdserve_router_retries",
                 "Requests retried on another backend after a failure before any token, by role",
                 ["role"], registry=registry,
+            ),
+            breaker_opened=Counter(
+                "pdserve_router_breaker_opened",
+                "Times a worker's circuit breaker opened (failed calls in a row)",
+                ["role", "backend"], registry=registry,
             ),
             placements=Counter(
                 "pdserve_router_pd_placements",

@@ -544,6 +544,7 @@ class Router:
                     # A server error before any token (a crashed engine, an internal error):
                     # worth trying on another worker; the worker itself may well be healthy.
                     self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}").inc()
+                    self._call_failed(backend)
                     raise BackendFailure(backend.role, backend,
                                          f"answered {upstream.status}: {upstream_message(payload)}",
                                          retriable=True)
@@ -557,6 +558,7 @@ class Router:
                     raise UpstreamError(error_response(
                         502, f"{backend.role} worker {backend.url} answered 200 without a JSON "
                         "object", request_id, code=f"{backend.role}_bad_response"))
+                backend.call_succeeded()
                 return data
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
@@ -592,6 +594,10 @@ class Router:
                     if upstream.status >= 500 and handoff_from is not None:
                         return self._handoff_failed(backend, handoff_from, upstream.status, payload,
                                                     timeline)
+                    if upstream.status >= 500:
+                        self._call_failed(backend)
+                    elif upstream.status == 200:
+                        backend.call_succeeded()
                     self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
                         timeline.since_arrival())
                     timeline.mark("first_token")
@@ -635,6 +641,8 @@ class Router:
                     timeline.error = f"{role} failed mid-stream: {describe(exc)}"
                     with contextlib.suppress(ConnectionResetError):
                         await response.write(sse_error(role, backend, exc))
+                else:
+                    backend.call_succeeded()
                 timeline.mark("last_token")
                 with contextlib.suppress(ConnectionResetError):
                     await response.write_eof()
@@ -664,6 +672,14 @@ class Router:
                             aiohttp.ClientPayloadError)):
             # Passive health: stop sending to it now; the probe puts it back when it answers.
             backend.mark(False, describe(exc))
+            self._call_failed(backend)
+
+    def _call_failed(self, backend: Backend) -> None:
+        # Timeouts are not counted: a slow worker is the probe's business (3 slow probes), and
+        # a request may run out of its own budget on a healthy worker.
+        if backend.call_failed(self.config.breaker_failures, self.config.breaker_cooldown_s):
+            self.metrics.breaker_opened.labels(backend.role, backend.url).inc()
+            log.warning("%s worker %s: %s", backend.role, backend.url, backend.last_error)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from inference.router.prompts import PromptChecker
-from tests.unit.conftest import MODEL, RunningRouter, StubVLLM
+from tests.unit.conftest import MODEL, RunningRouter, StubVLLM, wait_until
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
 MakeStub = Callable[[str], Awaitable[StubVLLM]]
@@ -238,3 +238,29 @@ async def test_prefill_and_decode_share_one_overall_timeout(
     assert response.status == 504
     assert (await response.json())["error"]["code"] == "request_timeout"
     assert 0.9 < elapsed < 1.15
+
+
+async def test_the_breaker_takes_out_a_worker_whose_calls_fail_while_its_health_passes(
+        start_router: StartRouter, make_stub: MakeStub) -> None:
+    broken = await make_stub("broken")
+    broken.fail_with = (500, VLLM_500)
+    healthy = await make_stub("healthy")
+    running = await start_router(colocated=(broken.url, healthy.url), colocated_policy="round_robin",
+                                 breaker_failures=3, breaker_cooldown_s=1.0)
+    statuses = []
+    for _ in range(10):
+        response = await running.client.post("/v1/completions", json=COMPLETION)
+        statuses.append(response.status)
+    # Round robin: the broken worker's three failures open its breaker; after that, all
+    # requests go to the healthy one even though the broken one's /health passes.
+    assert len(broken.requests) == 3
+    assert statuses.count(200) == 7
+    assert await running.metric("pdserve_router_breaker_opened_total",
+                                {"role": "colocated", "backend": broken.url}) == 1
+    [member] = [b for b in running.router.pools["colocated"].backends if b.url == broken.url]
+    assert not member.healthy and "circuit open" in member.last_error
+    # After the cool-down its probe puts it back (half-open), and one more failure reopens it.
+    await wait_until(lambda: member.healthy, timeout_s=3)
+    await running.client.post("/v1/completions", json=COMPLETION)
+    await running.client.post("/v1/completions", json=COMPLETION)
+    assert len(broken.requests) == 4 and not member.healthy
