@@ -66,6 +66,7 @@ def start_job(base: BaseModel, *, scheme: str, method: str | None = None,
     name = name or f"{scheme}-{method}"
     path = settings.PDSERVE_MODEL_DIR / f"{base.name}-{name}"
     _refuse_conflicts(base, name, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         options = resolve(model=Path(source.path), out=path, scheme=scheme, method=method,
                           group_size=group_size, smoothing_strength=smoothing_strength,

@@ -1,0 +1,160 @@
+"""Quantization for real: the builder CLI in .venv-quant on a tiny random-weight Llama, a real
+Celery worker and console, vLLM serving what was built.
+
+The tiny model has SmolLM2's tokenizer and chat template (from the default model directory,
+which `make test` prepares) and random weights: these tests are about files, processes and
+kernels, not about text quality.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.console.sockets import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+QUANT_PYTHON = REPO / ".venv-quant" / "bin" / "python"
+SMOLLM2 = Path(os.environ.get("PDSERVE_TEST_MODEL_DIR", REPO / "data" / "models" / "smollm2-135m-instruct"))
+COMPANION_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "generation_config.json")
+ADMIN_PASSWORD = "quant-admin-password"
+
+
+def build_random_llama(out: Path, *, layers: int) -> Path:
+    """A random-weight Llama with SmolLM2's vocabulary: hidden 128 (every dim a multiple of 64,
+    as vLLM's CPU W4A16 kernel needs multiples of 32), bf16 like the default model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if not (SMOLLM2 / "tokenizer.json").is_file():
+        subprocess.run([sys.executable, "-m", "inference.prepare_model", "--out", str(SMOLLM2)],
+                       cwd=REPO, check=True)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=64, max_position_embeddings=2048, tie_word_embeddings=True,
+                         bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    for name in COMPANION_FILES:
+        shutil.copy2(SMOLLM2 / name, out / name)
+    return out
+
+
+Events = list[dict[str, Any]]
+
+
+def quantize(model: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Events]:
+    """Run the builder CLI as the console does; return the process and its progress events."""
+    result = subprocess.run([str(QUANT_PYTHON), "-m", "inference.quantize", "--model", str(model),
+                             "--out", str(out), *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return result, [json.loads(line) for line in result.stdout.splitlines()]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not QUANT_PYTHON.exists():
+        pytest.fail(f"{QUANT_PYTHON} is missing: run `make install` (scripts/install-quant.sh)")
+    return build_random_llama(tmp_path_factory.mktemp("tiny") / "bf16", layers=4)
+
+
+@dataclass
+class QuantStack:
+    """A console (uvicorn) and a Celery worker on a data directory of their own."""
+
+    data_dir: Path
+    env: dict[str, str]
+    console: str
+    token: str = ""
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.console, timeout=30,
+                            headers={"Authorization": f"Token {self.token}"})
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        log = open(self.data_dir / "worker.log", "ab")  # noqa: SIM115 - closed with the process
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "console.celery", "--quiet", "worker", "--pool",
+             "solo", "--concurrency", "1", "--loglevel", "INFO", "--without-gossip",
+             "--without-mingle", "--without-heartbeat"],
+            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.processes["worker"] = worker
+        return worker
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        with self.api() as client:
+            response = client.get(f"/api/v1/quantization-jobs/{job_id}/")
+            response.raise_for_status()
+            return response.json()
+
+    def wait_job(self, job_id: int, until: Any, timeout_s: float = 180) -> tuple[dict[str, Any], Events]:
+        """Poll the job until ``until(job)``; return it and every distinct state seen."""
+        deadline = time.monotonic() + timeout_s
+        seen: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            body = self.job(job_id)
+            if not seen or (body["percent"], body["state"]) != (seen[-1]["percent"], seen[-1]["state"]):
+                seen.append(body)
+            if until(body):
+                return body, seen
+            time.sleep(0.2)
+        raise AssertionError(f"job {job_id} did not get there in {timeout_s} s: {seen[-1:]}")
+
+
+@pytest.fixture(scope="session")
+def quant_stack(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> Iterator[QuantStack]:
+    data_dir = tmp_path_factory.mktemp("quant-data")
+    env = {**os.environ, "PDSERVE_DATA_DIR": str(data_dir), "DJANGO_SUPERUSER_PASSWORD": ADMIN_PASSWORD}
+    for name in ("DATABASE_URL", "REDIS_URL"):
+        env.pop(name, None)
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=REPO, env=env, check=True)
+    subprocess.run([*manage, "createsuperuser", "--noinput", "--username", "admin", "--email", ""],
+                   cwd=REPO, env=env, check=True, capture_output=True)
+    port = free_port()
+    stack = QuantStack(data_dir=data_dir, env=env, console=f"http://127.0.0.1:{port}")
+    stack.processes["console"] = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log", "--lifespan", "off"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(data_dir / "console.log", "ab"))  # noqa: SIM115
+    stack.start_worker()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                response = httpx.post(f"{stack.console}/api/v1/auth/token/",
+                                      data={"username": "admin", "password": ADMIN_PASSWORD})
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        stack.token = response.json()["token"]
+        with stack.api() as client:
+            client.post("/api/v1/models/", json={"name": "tiny"}).raise_for_status()
+            client.post("/api/v1/variants/", json={"base_model": "tiny", "name": "bf16",
+                                                   "path": str(tiny_llama)}).raise_for_status()
+        yield stack
+    finally:
+        for process in stack.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in stack.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()

@@ -1,0 +1,63 @@
+"""The models page in a real browser: starting a quantization job from its form, the progress
+bar moves and the job ends registered, all without reloading the page."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.quant.conftest import ADMIN_PASSWORD, QuantStack
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        # Playwright's sync API keeps an event loop in this thread; nothing here uses the ORM,
+        # but a later test in the session may.
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser, quant_stack: QuantStack) -> Iterator[Page]:
+    context = browser.new_context(base_url=quant_stack.console)
+    page = context.new_page()
+    page.goto("/login/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", ADMIN_PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/")
+    yield page
+    context.close()
+
+
+def test_the_progress_bar_moves_without_a_reload(page: Page) -> None:
+    page.goto("/models/")
+    form = page.locator('form.quantize-form[data-model="tiny"]')
+    form.locator("select[name$=scheme]").select_option("w8a8-int8")
+    form.locator("select[name$=method]").select_option("gptq")
+    form.locator("input[name$=name]").fill("w8-browser")
+    form.locator("button[type=submit]").click()
+    row = page.locator("tr[data-job]", has_text="tiny/w8-browser")
+    expect(row).to_be_visible()
+    page.evaluate("window.notReloaded = true")
+
+    values: list[float] = []
+    for _ in range(600):
+        value = float(row.locator("progress").get_attribute("value") or 0)
+        if not values or value != values[-1]:
+            values.append(value)
+        if row.get_attribute("data-state") not in ("queued", "running"):
+            break
+        page.wait_for_timeout(100)
+    expect(row).to_have_attribute("data-state", "succeeded")
+    assert len([v for v in values if 0 < v < 100]) >= 2, values
+    assert values == sorted(values) and values[-1] == 100
+    assert page.evaluate("window.notReloaded") is True
+    # The variant table, refreshed the same way, lists the new variant.
+    expect(page.locator('tr[data-variant="tiny/w8-browser"]')).to_contain_text("w8a8")
