@@ -112,11 +112,15 @@ def write_keys_file(deployment: Deployment) -> Path:
     """Write the key set where the router reads it at start: 0600, replaced in one rename so a
     starting router never reads half a file."""
     path = keys_file_path(deployment)
+    text = json.dumps(key_set(deployment))
+    # The supervisor builds the router's command on every tick: rewrite only what changed.
+    if path.is_file() and path.read_text() == text:
+        return path
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(handle, "w") as out:
-            json.dump(key_set(deployment), out)
+            out.write(text)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
