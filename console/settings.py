@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",
     "channels",
     "console.catalog",
     "console.fleet",
@@ -154,7 +155,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
+# The OpenAPI schema of /api/v1/ at /api/schema/ (JSON with ?format=json); no UI, which would
+# need assets from a CDN.
+SPECTACULAR_SETTINGS = {"TITLE": "pdserve console API", "VERSION": "v1", "SERVE_INCLUDE_SCHEMA": False}
 
 # pdserve's own settings
 PDSERVE_CONSOLE_HOST = env_str("PDSERVE_CONSOLE_HOST", "127.0.0.1")

@@ -260,3 +260,15 @@ def test_keys_reach_a_running_router_and_its_usage_comes_back(
     current = httpx.get(f"{base}/admin/keys", headers=auth, timeout=5).json()
     assert current["version"] == key_set(deployment)["version"]
     assert models(base, None).status_code == 401
+
+
+def test_the_keys_api_is_in_the_openapi_schema(db: None) -> None:
+    schema = APIClient().get("/api/schema/", {"format": "json"})
+    assert schema.status_code == 200
+    paths = schema.json()["paths"]
+    assert {"get", "post"} <= set(paths["/api/v1/keys/"])
+    assert {"get", "put", "patch"} <= set(paths["/api/v1/keys/{id}/"])
+    assert "post" in paths["/api/v1/keys/{id}/revoke/"]
+    created = paths["/api/v1/keys/"]["post"]["responses"]["201"]["content"]["application/json"]["schema"]
+    component = created["$ref"].rsplit("/", 1)[1]
+    assert "key" in schema.json()["components"]["schemas"][component]["properties"]

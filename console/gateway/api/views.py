@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -23,6 +24,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
     def get_queryset(self) -> QuerySet[ApiKey]:
         return ApiKey.objects.select_related("created_by").prefetch_related("deployments")
 
+    @extend_schema(responses={201: CreatedApiKeySerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -38,6 +40,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
     def perform_update(self, serializer: ApiKeySerializer) -> None:  # type: ignore[override]
         serializer.instance = update_key(serializer.instance, dict(serializer.validated_data))
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str | None = None) -> Response:
         """Revoke the key: every router refuses it from its next request on."""
