@@ -25,12 +25,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inference.launch import WorkerSpec, build_command
 from tests.e2e.conftest import START_TIMEOUT_S, _wait_http
+from tests.e2e.stale_prefill import StaleHandoffPrefill
 from tests.e2e.tiny_llama import build_tiny_llama
 
 pytestmark = pytest.mark.vllm
 
 PREFILL_PORTS, DECODE_PORT = (8131, 8132), 8231
 ROUTER_PORT, SHORT_ROUTER_PORT = 8096, 8097
+RECOMPUTE_DECODE_PORT, STALE_PREFILL_PORT, RECOMPUTE_ROUTER_PORT = 8232, 8133, 8098
 SHORT_TIMEOUT_S = 4.0
 PROMPT = "The ledger of the river towns lists " + " ".join(
     f"town {i} with {i * 37 % 900} barrels;" for i in range(60))
@@ -269,3 +271,45 @@ def test_a_decode_killed_mid_stream_ends_the_stream_with_an_error_event(failover
                           json={"model": "tiny", "prompt": PROMPT, "max_tokens": 4})
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "decode_unavailable"
+
+
+def test_with_kv_load_failure_recompute_decode_answers_a_stale_hand_off(
+        failover: Failover, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The plan's `kv_load_failure: recompute`: a NIXL decode worker that cannot load the KV a
+    (stand-in) prefill announced computes the prompt itself, and the client gets its answer.
+    (With the default, `fail`, tests/e2e/test_nixl.py sees a 502 `kv_handoff_failed`.)"""
+    root = tmp_path_factory.mktemp("recompute")
+    model = build_tiny_llama(model_dir, root / "tiny-llama")
+    argv, env = build_command(WorkerSpec(
+        role="decode", model_path=str(model), served_model_name="tiny", port=RECOMPUTE_DECODE_PORT,
+        max_model_len=2048, kv_channel="nixl", side_channel_port=5621, cpu_cores=(1,),
+        dtype="float32", data_dir=str(root), kv_load_failure="recompute",
+    ))
+    log = open(root / "decode.log", "wb")  # noqa: SIM115 - closed below
+    decode = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    # Nothing listens on the announced side channel: the hand-off cannot succeed.
+    stub = StaleHandoffPrefill(STALE_PREFILL_PORT, model, side_port=5699)
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    router = subprocess.Popen(
+        [sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
+         "--tokenizer", str(model), "--max-model-len", "2048", "--kv-channel", "nixl",
+         "--port", str(RECOMPUTE_ROUTER_PORT),
+         "--prefill", f"http://127.0.0.1:{STALE_PREFILL_PORT}",
+         "--decode", f"http://127.0.0.1:{RECOMPUTE_DECODE_PORT}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{RECOMPUTE_DECODE_PORT}/health", START_TIMEOUT_S)
+        wait_healthy(f"http://127.0.0.1:{RECOMPUTE_ROUTER_PORT}")
+        response = httpx.post(f"http://127.0.0.1:{RECOMPUTE_ROUTER_PORT}/v1/completions",
+                              timeout=120, json={"model": "tiny", "prompt": PROMPT,
+                                                 "max_tokens": 8, "ignore_eos": True})
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 8
+    finally:
+        for process in (router, decode):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+        stub.shutdown()
+        stub.server_close()

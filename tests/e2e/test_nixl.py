@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -22,6 +21,7 @@ import pytest
 
 from inference.launch import WorkerSpec, build_command
 from tests.e2e.conftest import START_TIMEOUT_S, Stack, _wait_http
+from tests.e2e.stale_prefill import StaleHandoffPrefill
 from tests.e2e.test_default_deployment import LONG_PROMPT
 
 pytestmark = pytest.mark.vllm
@@ -109,56 +109,11 @@ def test_nixl_chat_streams_through_the_router(nixl_router: tuple[str, Path]) -> 
     assert not any('"error"' in event for event in events)
 
 
-class StaleHandoffPrefill(ThreadingHTTPServer):
-    """A stand-in prefill worker, for a fault vLLM cannot be made to produce on demand: it
-    answers like NIXL's prefill but announces KV blocks nobody holds (an expired lease, a
-    restarted prefill), so the real decode worker's KV load fails."""
-
-    def __init__(self, port: int, tokenizer_dir: Path):
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        super().__init__(("127.0.0.1", port), _StaleHandler)
-
-
-class _StaleHandler(BaseHTTPRequestHandler):
-    server: StaleHandoffPrefill
-
-    def log_message(self, *_args: object) -> None:
-        return None
-
-    def _send(self, status: int, body: dict[str, object]) -> None:
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        self._send(200, {})
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        ids = self.server.tokenizer(body["prompt"])["input_ids"]
-        self._send(200, {
-            "id": "cmpl-stale", "object": "text_completion", "model": body["model"],
-            "choices": [{"index": 0, "text": "", "finish_reason": "length",
-                         "prompt_token_ids": ids}],
-            "kv_transfer_params": {
-                "do_remote_prefill": True, "do_remote_decode": False,
-                "remote_block_ids": [list(range(1, len(ids) // 128 + 1))],
-                "remote_engine_id": "stale-engine", "remote_request_id": "cmpl-stale-0",
-                "remote_host": "127.0.0.1", "remote_port": 5610, "tp_size": 1,
-                "remote_num_tokens": len(ids)},
-        })
-
-
 def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
         nixl_router: tuple[str, Path], model_dir: Path,
         tmp_path_factory: pytest.TempPathFactory) -> None:
     router, _logs = nixl_router
-    stub = StaleHandoffPrefill(STALE_PREFILL_PORT, model_dir)
+    stub = StaleHandoffPrefill(STALE_PREFILL_PORT, model_dir, side_port=5610)
     threading.Thread(target=stub.serve_forever, daemon=True).start()
     log = open(tmp_path_factory.mktemp("stale") / "router.log", "wb")  # noqa: SIM115
     stale_router = subprocess.Popen(
