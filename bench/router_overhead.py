@@ -3,8 +3,13 @@ requests per second it serves on one core.
 
 It starts stub OpenAI-compatible backends (this file, `stub` subcommand: aiohttp, a fixed time
 to the first token and between tokens, one SSE chunk per token) and the real router
-(`python -m inference.router`, with an API key and an admin token set, metrics on, logging its
-timeline line per request to a file as under the supervisor). The router runs on one core
+(`python -m inference.router`, with an admin token set, metrics on, logging its timeline line
+per request to a file as under the supervisor). Clients send a console-style API key
+(`--keys-file`) that has all four limits set, high enough never to refuse, so every request pays
+for the whole check: key lookup, prompt tokenization for the prompt-token limit, the
+generated-token reservation and its reconciliation, the concurrency lease. `--limits` picks where
+the counters live: `memory` (the router's own) and `redis` (REDIS_URL, default the local Redis,
+which runs unpinned); `off` is the legacy single PDSERVE_API_KEY without limits. The router runs on one core
 (taskset), stubs and this load generator on the others. Then, per mode and concurrency, it
 alternates rounds sent straight to the stubs ("direct") with rounds sent through the router:
 
@@ -18,7 +23,7 @@ non-empty choices; ITL = gaps between such messages. Added TTFT pXX = router pXX
 A concurrency of C keeps C requests open in a closed loop, their starts spread over one request
 time so that the C clients do not move in lock step.
 
-    .venv/bin/python bench/router_overhead.py                  # full run, ~4 minutes
+    .venv/bin/python bench/router_overhead.py                  # full run, ~9 minutes
     .venv/bin/python bench/router_overhead.py --round-seconds 1 --rounds 2 --concurrency 1 16
 """
 
@@ -45,9 +50,17 @@ import psutil
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from inference.router.keys import key_hash, new_key, public_prefix  # noqa: E402
+
 MODEL = "bench-model"
-API_KEY = "bench-inference-key"
+LEGACY_KEY = "bench-inference-key"
+# One key for the whole run: fresh counters in Redis, never a secret worth keeping.
+API_KEY = new_key()
 ADMIN_TOKEN = "bench-admin-token"
+# High enough never to refuse: the point is what checking them costs.
+NEVER_REFUSING = {"requests_per_minute": 10**9, "prompt_tokens_per_minute": 10**12,
+                  "generated_tokens_per_minute": 10**12, "max_concurrency": 10**6}
 # What the stub returns as prefill's prompt token ids: the router passes them to decode.
 STUB_PROMPT_IDS = list(range(1, 151))
 KV_PARAMS = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[1, 2]],
@@ -145,17 +158,30 @@ class Procs:
                    self.cores_harness)
         return f"http://127.0.0.1:{port}"
 
-    def router(self, args: argparse.Namespace, name: str, roles: list[tuple[str, str]]) -> tuple[
-            str, psutil.Process]:
+    def router(self, args: argparse.Namespace, name: str, roles: list[tuple[str, str]],
+               limits: str) -> tuple[str, psutil.Process]:
         port = free_port()
         argv = [sys.executable, "-m", "inference.router", "--served-model-name", MODEL,
                 "--tokenizer", str(args.tokenizer), "--max-model-len", "4096", "--kv-channel", "nixl",
                 "--host", "127.0.0.1", "--port", str(port)]
         for flag, url in roles:
             argv += [flag, url]
-        proc = self.spawn(name, argv, self.cores_router,
-                          env={"PDSERVE_API_KEY": API_KEY, "PDSERVE_ROUTER_ADMIN_TOKEN": ADMIN_TOKEN,
-                               "PYTHONUNBUFFERED": "1"})
+        env = {"PDSERVE_ROUTER_ADMIN_TOKEN": ADMIN_TOKEN, "PYTHONUNBUFFERED": "1"}
+        if limits == "off":
+            env["PDSERVE_API_KEY"] = LEGACY_KEY
+        else:
+            keys = self.logdir / "keys.json"
+            limits = dict(NEVER_REFUSING)
+            if args.without_prompt_limit:
+                # The one limit that makes the router tokenize every prompt.
+                del limits["prompt_tokens_per_minute"]
+            keys.write_text(json.dumps({"version": "bench", "require_key": True, "keys": [
+                {"id": 1, "prefix": public_prefix(API_KEY), "hash": key_hash(API_KEY),
+                 "limits": limits}]}))
+            argv += ["--keys-file", str(keys)]
+        # The router must not inherit a REDIS_URL meant for something else.
+        env["REDIS_URL"] = args.redis_url if limits == "redis" else ""
+        proc = self.spawn(name, argv, self.cores_router, env=env)
         return f"http://127.0.0.1:{port}", psutil.Process(proc.pid)
 
     def stop(self) -> None:
@@ -197,12 +223,13 @@ class Target:
     full: str | None = None
     prefill: str | None = None
     decode: str | None = None
+    key: str = API_KEY
 
     async def call(self, body: dict[str, Any], stream: bool) -> Sample | None:
         st = time.perf_counter()
         headers: dict[str, str] = {}
         if self.router is not None:
-            base, headers = self.router, {"Authorization": f"Bearer {API_KEY}"}
+            base, headers = self.router, {"Authorization": f"Bearer {self.key}"}
         elif self.full is not None:
             base = self.full
         else:
@@ -279,6 +306,7 @@ def pct(values: list[float], q: float) -> float:
 @dataclass
 class Setup:
     mode: str
+    limits: str
     direct: Target
     routed: Target
     router: psutil.Process
@@ -302,7 +330,7 @@ async def latency(setup: Setup, args: argparse.Namespace, concurrency: int) -> d
     gaps = {name: [g for s in ss for g in s.gaps] for name, ss in samples.items()}
     routed_requests = sum(r.completed for r in rounds["router"])
     return {
-        "mode": setup.mode, "concurrency": concurrency,
+        "mode": setup.mode, "limits": setup.limits, "concurrency": concurrency,
         "requests": {name: len(ss) for name, ss in samples.items()},
         "failed": {name: sum(r.failed for r in rs) for name, rs in rounds.items()},
         "ttft_p50": {name: pct(v, 50) for name, v in ttft.items()},
@@ -326,7 +354,7 @@ async def throughput(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     completed = sum(r.completed for r in routed)
     cpu = sum(r.router_cpu_s for r in routed)
     return {
-        "mode": setup.mode,
+        "mode": setup.mode, "limits": setup.limits,
         "direct_rps": max(r.completed / r.seconds for r in rounds["direct"]),
         "router_rps": max(r.completed / r.seconds for r in routed),
         "router_cpu_pct": 100 * cpu / sum(r.seconds for r in routed),
@@ -347,21 +375,25 @@ def processes(args: argparse.Namespace) -> Iterator[Procs]:
 
 
 async def setups(procs: Procs, args: argparse.Namespace, session: aiohttp.ClientSession,
-                 streaming: bool) -> list[Setup]:
+                 streaming: bool, limits: str) -> list[Setup]:
     delays = ({"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms} if streaming
               else {"ttft_ms": 0, "itl_ms": 0})
     kind = "stream" if streaming else "rps"
+    key = LEGACY_KEY if limits == "off" else API_KEY
     result = []
     if "colocated" in args.modes:
         full = procs.stub(args, **delays)
-        router, proc = procs.router(args, f"router-colocated-{kind}", [("--colocated", full)])
-        result.append(Setup("colocated", Target(session, full=full), Target(session, router=router), proc))
+        router, proc = procs.router(args, f"router-colocated-{kind}-{limits}",
+                                    [("--colocated", full)], limits)
+        result.append(Setup("colocated", limits, Target(session, full=full),
+                            Target(session, router=router, key=key), proc))
     if "pd" in args.modes:
         prefill = procs.stub(args, **delays)
         decode = procs.stub(args, **delays)
-        router, proc = procs.router(args, f"router-pd-{kind}", [("--prefill", prefill), ("--decode", decode)])
-        result.append(Setup("pd", Target(session, prefill=prefill, decode=decode),
-                            Target(session, router=router), proc))
+        router, proc = procs.router(args, f"router-pd-{kind}-{limits}",
+                                    [("--prefill", prefill), ("--decode", decode)], limits)
+        result.append(Setup("pd", limits, Target(session, prefill=prefill, decode=decode),
+                            Target(session, router=router, key=key), proc))
     for setup in result:
         for target in (setup.direct, setup.routed):
             for url in (target.router, target.full, target.prefill, target.decode):
@@ -385,14 +417,17 @@ async def run(args: argparse.Namespace) -> int:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector,
                                          timeout=aiohttp.ClientTimeout(total=60)) as session:
-            for setup in await setups(procs, args, session, streaming=True):
-                for concurrency in args.concurrency:
-                    latencies.append(await latency(setup, args, concurrency))
-                    print(json.dumps(latencies[-1]), file=sys.stderr)
-            procs.stop()
-            for setup in await setups(procs, args, session, streaming=False):
-                rates.append(await throughput(setup, args))
-                print(json.dumps(rates[-1]), file=sys.stderr)
+            for limits in args.limits:
+                for setup in [] if args.throughput_only else await setups(
+                        procs, args, session, streaming=True, limits=limits):
+                    for concurrency in args.concurrency:
+                        latencies.append(await latency(setup, args, concurrency))
+                        print(json.dumps(latencies[-1]), file=sys.stderr)
+                procs.stop()
+                for setup in await setups(procs, args, session, streaming=False, limits=limits):
+                    rates.append(await throughput(setup, args))
+                    print(json.dumps(rates[-1]), file=sys.stderr)
+                procs.stop()
     print(f"\nCPU busy before the run: {load_before}")
     print_tables(args, latencies, rates)
     return 0
@@ -406,24 +441,28 @@ def pair(result: dict[str, Any], key: str, digits: int) -> str:
 
 def print_tables(args: argparse.Namespace, latencies: list[dict[str, Any]],
                  rates: list[dict[str, Any]]) -> None:
+    prompt_limit = "without" if args.without_prompt_limit else "with"
+    print(f"\nKey: {prompt_limit} a prompt-token limit (limits other than off).")
     print(f"\nStub: TTFT {args.ttft_ms:g} ms, {args.tokens} chunks {args.itl_ms:g} ms apart"
           f" (PD: prefill {args.prefill_ms:g} ms); prompt {args.prompt_words} words; router on core"
           f" {args.router_core}, stubs and client on {args.harness_cores}; {args.rounds} rounds of"
           f" {args.round_seconds:g} s per side, interleaved.\n")
-    print("| mode | conc. | requests direct / router | failed | TTFT p50 direct / router ms"
+    print("| mode | limits | conc. | requests direct / router | failed | TTFT p50 direct / router ms"
           " | added TTFT p50 ms | TTFT p99 direct / router ms | added TTFT p99 ms"
           " | ITL mean direct / router ms | added per chunk ms | router CPU s / 1k req |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in latencies:
-        print(f"| {r['mode']} | {r['concurrency']} | {r['requests']['direct']} / {r['requests']['router']}"
+        print(f"| {r['mode']} | {r['limits']} | {r['concurrency']}"
+              f" | {r['requests']['direct']} / {r['requests']['router']}"
               f" | {r['failed']['direct']} / {r['failed']['router']} | {pair(r, 'ttft_p50', 2)}"
               f" | {pair(r, 'ttft_p99', 2)} | {pair(r, 'itl_mean', 3)} | {r['router_cpu_s_per_1k']:.2f} |")
     print(f"\nNon-streamed, stubs answering at once, {args.throughput_concurrency} connections:\n")
-    print("| mode | direct req/s (harness ceiling) | router req/s | router CPU % of its core"
+    print("| mode | limits | direct req/s (harness ceiling) | router req/s | router CPU % of its core"
           " | router CPU s / 1k req | router req/s per core implied by CPU | failed |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rates:
-        print(f"| {r['mode']} | {r['direct_rps']:,.0f} | {r['router_rps']:,.0f} | {r['router_cpu_pct']:.0f}"
+        print(f"| {r['mode']} | {r['limits']} | {r['direct_rps']:,.0f} | {r['router_rps']:,.0f}"
+              f" | {r['router_cpu_pct']:.0f}"
               f" | {r['router_cpu_s_per_1k']:.3f} | {1000 / r['router_cpu_s_per_1k']:,.0f}"
               f" | {r['failed']['direct']} / {r['failed']['router']} |")
 
@@ -445,6 +484,14 @@ def main() -> int:
     parser.add_argument("--throughput-concurrency", type=int, default=64)
     parser.add_argument("--prompt-words", type=int, default=100)
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "data/models/smollm2-135m-instruct")
+    parser.add_argument("--limits", nargs="+", default=["memory", "redis"],
+                        choices=["off", "memory", "redis"],
+                        help="where the key's rate-limit counters live (off: legacy key, no limits)")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--without-prompt-limit", action="store_true",
+                        help="the key has no prompt-token limit, so prompts are not tokenized for it")
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="only the non-streamed requests/s, not the streamed latencies")
     parser.add_argument("--router-core", default="0")
     parser.add_argument("--harness-cores", default="1")
     args = parser.parse_args()
