@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from console.checks import context, devices, engine, kv, memory, model, nixl, nodes, ports, sampling
+from console.checks import context, devices, engine, kv, memory, model, nixl, nodes, ports, quant, sampling
 from console.checks import tokenizer as tokenizers
 from console.checks.base import Check, Outcome, Result, Severity
 from console.checks.plan import PlanView
@@ -14,6 +14,7 @@ from console.deployments.models import Deployment
 CHECKS: tuple[Check, ...] = (
     model.same_base,
     model.path,
+    quant.quant_kernel,
     kv.kv_geometry,
     kv.kv_dtype,
     kv.kv_block_size,

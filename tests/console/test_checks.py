@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -314,3 +315,31 @@ def test_engine_connector_needs_one_host_for_shared_storage(plan: Deployment, re
     assert outcome.status == "pass"
     assert "prefill: NixlConnector as kv_producer; decode: NixlConnector as kv_consumer" in \
         outcome.summary
+
+
+# ---- quant.kernel ---------------------------------------------------------------------------
+
+QUANTIZED_W4A16: dict[str, Any] = {"quantization_config": {
+    "quant_method": "compressed-tensors", "format": "pack-quantized",
+    "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 64}}},
+}}
+
+
+@pytest.mark.parametrize(("dtype", "status"), [("float32", "error"), ("bfloat16", "pass"),
+                                               ("float16", "pass")])
+def test_a_w4a16_cpu_worker_needs_a_half_precision_compute_dtype(
+        plan: Deployment, tmp_path: Path, dtype: str, status: str) -> None:
+    use_variant(plan, register(base(plan), tmp_path, "w4a16", config=QUANTIZED_W4A16))
+    Deployment.objects.filter(pk=plan.pk).update(dtype=dtype)
+    outcome = run(plan, "quant.kernel")
+    assert outcome.status == status
+    if status == "error":
+        [result] = outcome.results
+        assert "decode" in result.message and "float32" in result.message
+        assert "bfloat16" in result.hint
+
+
+def test_w8a8_and_unquantized_variants_run_in_float32(plan: Deployment, tmp_path: Path) -> None:
+    use_variant(plan, register(base(plan), tmp_path, "w8a8", config=QUANTIZED_W8A8))
+    Deployment.objects.filter(pk=plan.pk).update(dtype="float32")
+    assert run(plan, "quant.kernel").status == "pass"
