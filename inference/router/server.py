@@ -259,6 +259,9 @@ class Router:
         try:
             response = await self._serve_inner(request, endpoint, timeline)
         except asyncio.CancelledError:
+            # aiohttp cancels the handler when the client goes away (handler_cancellation);
+            # leaving cancels the calls to the workers, and vLLM aborts their requests.
+            self.metrics.client_disconnects.labels(endpoint).inc()
             timeline.error = "client disconnected"
             timeline.status = 499
             self._finish(timeline)
