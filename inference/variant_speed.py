@@ -4,8 +4,8 @@
 - prefill: a prompt of exactly ``tokens`` token ids (built from the gate's prompts, so any
   tokenizer works), ``max_tokens: 1``, wall time; each repetition starts with a different token so
   vLLM's prefix cache never serves it;
-- decode: one stream of ``max_tokens`` tokens (``ignore_eos``), tokens after the first divided by
-  the time from the first to the last chunk.
+- decode: one request of ``max_tokens`` tokens (``ignore_eos``) against one of a single token with
+  the same prompt: the extra tokens over the extra time.
 
     python -m inference.variant_speed --url http://127.0.0.1:8300 --prefill-tokens 512
 """
@@ -68,20 +68,25 @@ def prefill_ms(client: httpx.Client, url: str, model: str, ids: list[int], repea
 
 def decode_tps(client: httpx.Client, url: str, model: str, max_tokens: int = 128,
                prompt: list[int] | None = None) -> float:
-    """Single-stream decode speed: tokens after the first over the time they took."""
-    stamps: list[float] = []
-    with client.stream("POST", f"{url}/v1/completions", json={
-            "model": model, "prompt": prompt or "Once upon a time", "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True}) as response:
+    """Single-stream decode speed: the extra tokens of a ``max_tokens`` request over a one-token
+    request with the same short prompt, divided by the extra time. (Timing a stream's chunks
+    undercounts: a fast server coalesces several tokens into one chunk.)"""
+
+    def timed(tokens: int) -> tuple[float, int]:
+        started = time.perf_counter()
+        response = client.post(f"{url}/v1/completions", json={
+            "model": model, "prompt": prompt or "Once upon a time", "max_tokens": tokens,
+            "temperature": 0, "ignore_eos": True})
+        elapsed = time.perf_counter() - started
         if response.status_code != 200:
-            raise GateError(f"{url}: HTTP {response.status_code}")
-        # hot path: one line per generated token
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                stamps.append(time.perf_counter())
-    if len(stamps) < 2 or stamps[-1] <= stamps[0]:
-        raise GateError(f"{url}: the stream had {len(stamps)} chunks")
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+            raise GateError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+        return elapsed, int(response.json()["usage"]["completion_tokens"])
+
+    one, _ = timed(1)
+    many, generated = timed(max_tokens)
+    if generated < 2 or many <= one:
+        raise GateError(f"{url}: {generated} tokens in {many:.3f} s against {one:.3f} s for one")
+    return (generated - 1) / (many - one)
 
 
 def measure(url: str, prefill_tokens: int = 512, decode_tokens: int = 128) -> Speed:
