@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from inference.router.timeline import Timeline
+
+if TYPE_CHECKING:
+    from inference.router.adaptive import AdaptivePlacer
+    from inference.router.backends import Pool
 
 ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -174,6 +182,52 @@ class RouterMetrics:
                 registry=registry,
             ),
         )
+
+    def record_request(self, timeline: Timeline, mode: str) -> None:
+        """Count one answered request from its timeline (once, when it ends)."""
+        events = timeline.events
+        if timeline.prefill and timeline.decode:
+            role = "prefill+decode"
+        elif timeline.decode:
+            role = "decode"
+        elif timeline.prefill:
+            role = "prefill"
+        else:
+            role = mode if "decode_dispatched" in events else "none"
+        self.requests.labels(timeline.endpoint, str(timeline.status), role).inc()
+        if timeline.prefill and timeline.decode:
+            outcome = "ok" if timeline.status == 200 and not timeline.error else "failed"
+            self.kv_handoffs.labels(timeline.prefill, timeline.decode, outcome).inc()
+            if outcome == "ok" and "prefill_done" in events and "first_token" in events:
+                self.kv_handoff_seconds.observe(
+                    (events["first_token"] - events["prefill_done"]) / 1000)
+        if timeline.status == 200:
+            # The router's own time before the first token: before its first call to a worker
+            # (parsing, keys, limits, tokenizing), and between prefill's answer and the call
+            # to decode. Time spent waiting in the prefill queue is the workers', not the router's.
+            first_call = next((events[e] for e in ("prefill_queued", "prefill_dispatched",
+                                                   "decode_dispatched") if e in events), None)
+            if first_call is not None:
+                added = first_call
+                if "prefill_done" in events and "decode_dispatched" in events:
+                    added += events["decode_dispatched"] - events["prefill_done"]
+                self.added_seconds.observe(added / 1000)
+
+    def refresh(self, pools: Iterable[Pool], placer: AdaptivePlacer | None) -> None:
+        """Set the gauges that describe the router's state now, just before a scrape."""
+        for pool in pools:
+            for backend in pool.backends:
+                self.backend_up.labels(pool.role, backend.url).set(1 if backend.healthy else 0)
+                self.in_flight.labels(pool.role, backend.url).set(backend.in_flight)
+            for backend in pool.draining:
+                self.backend_up.labels(pool.role, backend.url).set(0)
+                self.in_flight.labels(pool.role, backend.url).set(backend.in_flight)
+        if placer is not None:
+            self.prefill_queue_depth.set(placer.queue.depth)
+            self.adaptive_local_max_tokens.set(placer.local_max_tokens())
+            self.prefill_speed.labels("remote").set(placer.remote_speed.tokens_per_s or 0)
+            self.prefill_speed.labels("local").set(placer.local_speed.tokens_per_s or 0)
+            self.prefill_busy_fraction.set(placer.queue.busy.fraction())
 
     def decision(self, role: str, policy: str, outcome: str) -> None:
         self.policy_decisions.labels(role, policy, outcome).inc()

@@ -183,20 +183,7 @@ class Router:
         )
 
     async def prometheus(self, _request: web.Request) -> web.Response:
-        for role, pool in self.pools.items():
-            for backend in pool.backends:
-                self.metrics.backend_up.labels(role, backend.url).set(1 if backend.healthy else 0)
-                self.metrics.in_flight.labels(role, backend.url).set(backend.in_flight)
-            for backend in pool.draining:
-                self.metrics.backend_up.labels(role, backend.url).set(0)
-                self.metrics.in_flight.labels(role, backend.url).set(backend.in_flight)
-        if self.placer is not None:
-            placer = self.placer
-            self.metrics.prefill_queue_depth.set(placer.queue.depth)
-            self.metrics.adaptive_local_max_tokens.set(placer.local_max_tokens())
-            self.metrics.prefill_speed.labels("remote").set(placer.remote_speed.tokens_per_s or 0)
-            self.metrics.prefill_speed.labels("local").set(placer.local_speed.tokens_per_s or 0)
-            self.metrics.prefill_busy_fraction.set(placer.queue.busy.fraction())
+        self.metrics.refresh(self.pools.values(), self.placer)
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -271,33 +258,7 @@ class Router:
         return response
 
     def _finish(self, timeline: Timeline) -> None:
-        events = timeline.events
-        if timeline.prefill and timeline.decode:
-            role = "prefill+decode"
-        elif timeline.decode:
-            role = "decode"
-        elif timeline.prefill:
-            role = "prefill"
-        else:
-            role = self.config.mode if "decode_dispatched" in events else "none"
-        self.metrics.requests.labels(timeline.endpoint, str(timeline.status), role).inc()
-        if timeline.prefill and timeline.decode:
-            outcome = "ok" if timeline.status == 200 and not timeline.error else "failed"
-            self.metrics.kv_handoffs.labels(timeline.prefill, timeline.decode, outcome).inc()
-            if outcome == "ok" and "prefill_done" in events and "first_token" in events:
-                self.metrics.kv_handoff_seconds.observe(
-                    (events["first_token"] - events["prefill_done"]) / 1000)
-        if timeline.status == 200:
-            # The router's own time before the first token: before its first call to a worker
-            # (parsing, keys, limits, tokenizing), and between prefill's answer and the call
-            # to decode. Time spent waiting in the prefill queue is the workers', not the router's.
-            first_call = next((events[e] for e in ("prefill_queued", "prefill_dispatched",
-                                                   "decode_dispatched") if e in events), None)
-            if first_call is not None:
-                added = first_call
-                if "prefill_done" in events and "decode_dispatched" in events:
-                    added += events["decode_dispatched"] - events["prefill_done"]
-                self.metrics.added_seconds.observe(added / 1000)
+        self.metrics.record_request(timeline, self.config.mode)
         timeline_log.info("timeline %s", timeline.to_json())
 
     async def _serve_inner(self, request: web.Request, endpoint: str,
