@@ -26,7 +26,6 @@ import fcntl
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.pd_serving import stop, wait_ready  # noqa: E402
 from inference.launch import WorkerSpec, build_command  # noqa: E402
 from inference.output_gate import (  # noqa: E402
     ReferenceAnswer,
@@ -257,33 +257,16 @@ def pair(prefill: Path, decode: Path, dtype: str, answers: list[ReferenceAnswer]
                  "--decode", f"http://127.0.0.1:{ports['decode']}"],
                 cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
             for port in ports.values():
-                wait_healthy(f"http://127.0.0.1:{port}", 420)
+                wait_ready(f"http://127.0.0.1:{port}", 420)
             row, _ = measure("W8A8 prefill + W4A16 decode", f"http://127.0.0.1:{ports['router']}",
                              {role: p.pid for role, p in processes.items()}, answers, None,
                              via_router=True, scoring_url=f"http://127.0.0.1:{ports['decode']}")
             return row
         finally:
-            for process in processes.values():
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                process.wait()
+            stop(list(processes.values()))
             for handle in handles:
                 handle.close()
             subprocess.run(["rm", "-rf", str(kv_dir)], check=False)
-
-
-def wait_healthy(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not healthy within {timeout_s} s")
 
 
 def table(rows: list[Row]) -> str:
