@@ -1,4 +1,5 @@
-"""The router process: aiohttp server, PD hand-off, streaming pass-through.
+"""The router process: the aiohttp app, its pools, auth and limits, and where each request
+goes (colocated, decode-local, prefill-whole or a PD hand-off; see handoff.py and forward.py).
 
     python -m inference.router --served-model-name smollm2 --tokenizer MODEL_DIR \
         --max-model-len 2048 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
@@ -11,12 +12,8 @@ import contextlib
 import gc
 import json
 import logging
-import time
 import uuid
-from collections.abc import Callable
-from typing import Any
 
-import aiohttp
 import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -33,7 +30,10 @@ from inference.router.backends import (
     probe,
     probe_forever,
 )
+from inference.router.calls import WorkerCalls
 from inference.router.config import RouterConfig, build_parser, config_from_args
+from inference.router.forward import Forwarder
+from inference.router.handoff import PrefillStage
 from inference.router.keys import ApiKey, AuthFailure, Gatekeeper, load_key_file
 from inference.router.metrics import RouterMetrics
 from inference.router.policies import make_policy
@@ -44,31 +44,11 @@ from inference.router.upstream import (
     BackendFailure,
     RequestTimedOut,
     UpstreamError,
-    describe,
     error_response,
-    prompt_token_ids,
-    ran_out_of_time,
-    relay,
-    sse_error,
-    upstream_message,
-    usage_counts,
-    worth_another_try,
 )
 
 log = logging.getLogger("pdserve.router")
 timeline_log = logging.getLogger("pdserve.router.timeline")
-
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-# What vLLM's NixlConnector expects on the prefill request to keep the KV for a remote decode.
-NIXL_PREFILL_PARAMS = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
-
 
 class Router:
     def __init__(self, config: RouterConfig, checker: PromptChecker):
@@ -81,7 +61,6 @@ class Router:
         # outliving both belongs to a replica that died.
         self.limiter = RateLimiter(config.redis_url, lease_ttl_s=2 * config.request_timeout_s + 30,
                                    on_store_error=self.metrics.rate_limit_store_errors.inc)
-        self.channel_uses_params = uses_transfer_params(config.kv_channel)
         if config.mode == "colocated":
             members = {"colocated": (config.colocated_urls, config.colocated_policy)}
         else:
@@ -97,6 +76,11 @@ class Router:
             self.placer = AdaptivePlacer(floor_tokens=config.local_prefill_max_tokens,
                                          stall_budget_s=config.stall_budget_ms / 1000,
                                          queue=PrefillQueue(config.prefill_slots))
+        self.calls = WorkerCalls(config, self.pools, self.metrics)
+        self.forwarder = Forwarder(self.calls, self.metrics, self.placer)
+        self.prefill_stage = (PrefillStage(config, self.pools["prefill"], self.calls, self.metrics,
+                                           self.placer, uses_transfer_params(config.kv_channel))
+                              if "prefill" in self.pools else None)
         self._probe_task: asyncio.Task[None] | None = None
         self._drains: set[asyncio.Task[None]] = set()
 
@@ -305,7 +289,7 @@ class Router:
         try:
             # The client's body goes on as the bytes it came in, unless the hand-off changes it.
             if self.config.mode == "colocated":
-                return await self._forward(request, "colocated", parsed, raw, timeline)
+                return await self.forwarder.forward(request, "colocated", parsed, raw, timeline)
             if not self.pools["decode"].ready():
                 # Fail before prefilling: a prefill for a decode that never comes pins KV blocks
                 # on the prefill worker until they time out. (ready(), not pick(): pick() would
@@ -320,17 +304,19 @@ class Router:
                 if placement.where == "local":
                     self.metrics.local_prefill.inc()
                     timeline.kv["local_prefill"] = True
-                    return await self._forward(request, "decode", parsed, raw, timeline)
+                    return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
                 if placement.where == "prefill_whole":
-                    return await self._forward(request, "prefill", parsed, raw, timeline)
+                    return await self.forwarder.forward(request, "prefill", parsed, raw, timeline)
             elif (self.config.local_prefill_max_tokens
                   and len(parsed.prompt_token_ids) <= self.config.local_prefill_max_tokens):
                 self.metrics.local_prefill.inc()
                 timeline.kv = {"local_prefill": True}
-                return await self._forward(request, "decode", parsed, raw, timeline)
-            decode_body, handoff_from = await self._prefill(parsed, timeline)
-            return await self._forward(request, "decode", parsed, json.dumps(decode_body).encode(),
-                                       timeline, handoff_from=handoff_from)
+                return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
+            assert self.prefill_stage is not None  # PD mode has a prefill pool
+            decode_body, handoff_from = await self.prefill_stage.run(parsed, timeline)
+            return await self.forwarder.forward(request, "decode", parsed,
+                                                json.dumps(decode_body).encode(), timeline,
+                                                handoff_from=handoff_from)
         except NoBackendAvailable as exc:
             timeline.error = str(exc)
             return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
@@ -349,301 +335,6 @@ class Router:
         message = f"request timed out after {self.config.request_timeout_s:g} s{detail}"
         timeline.error = message
         return error_response(504, message, timeline.request_id, code="request_timeout")
-
-    def _pick(self, role: str, parsed: ParsedRequest, exclude: Backend | None = None) -> Backend:
-        pool = self.pools[role]
-        choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (), exclude)
-        self.metrics.decision(role, pool.policy.name, choice.outcome)
-        return choice.backend
-
-    async def _prefill(self, parsed: ParsedRequest,
-                       timeline: Timeline) -> tuple[dict[str, Any], str | None]:
-        """Run the prompt on a prefill worker. Returns the body to send to decode and the
-        prefill worker whose KV decode is to load (None when decode computes the prompt)."""
-        body = dict(parsed.body)
-        for key in ("stream_options", "min_tokens", "n", "best_of"):
-            body.pop(key, None)
-        body.update(stream=False, max_tokens=1, return_token_ids=True)
-        if parsed.endpoint == "chat":
-            body["max_completion_tokens"] = 1
-        if self.channel_uses_params:
-            body["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
-
-        if self.placer is None:
-            backend = self._pick("prefill", parsed)
-        else:
-            backend = await self._wait_for_prefill_slot(parsed, timeline)
-        timeline.prefill = backend.url
-        timeline.mark("prefill_dispatched")
-        started = time.perf_counter()
-        try:
-            data = await self._call_json(backend, PATHS[parsed.endpoint], body, timeline)
-        except BackendFailure as failure:
-            if not failure.retriable:
-                raise
-            data = await self._retry_prefill(parsed, body, failure, timeline)
-        finally:
-            if self.placer is not None:
-                self.placer.queue.release(backend, self._free_prefill_chooser(parsed))
-        elapsed = time.perf_counter() - started
-        self.metrics.prefill_seconds.observe(elapsed)
-        timeline.mark("prefill_done")
-
-        prefill_ids = prompt_token_ids(parsed.endpoint, data)
-        if self.placer is not None:
-            self.placer.remote_speed.observe(
-                len(prefill_ids) if prefill_ids is not None else len(parsed.prompt_token_ids),
-                elapsed)
-        if prefill_ids is not None:
-            timeline.prompt_tokens = len(prefill_ids)
-        decode_body = dict(parsed.body)
-        kv_params = data.get("kv_transfer_params")
-        if isinstance(kv_params, dict):
-            timeline.kv = {key: kv_params.get(key) for key in
-                           ("remote_engine_id", "remote_num_tokens", "remote_prefill_cached_tokens")}
-        if prefill_ids is None:
-            self.metrics.pd_fallback.labels("no_prompt_token_ids").inc()
-            return decode_body, None
-        if parsed.endpoint == "completions":
-            # Token ids in, so decode's prompt is exactly what prefill computed.
-            decode_body["prompt"] = prefill_ids
-        elif prefill_ids != parsed.prompt_token_ids:
-            # Decode renders chat itself; if that would differ from what prefill computed, a
-            # KV hand-off would crash decode (longer) or return wrong text (shorter). Decode
-            # computes the prompt itself instead, which is slower but correct.
-            self.metrics.pd_fallback.labels("token_mismatch").inc()
-            log.warning("request %s: prefill tokens differ from the router's; decode recomputes",
-                        timeline.request_id)
-            timeline.kv["fallback"] = "token_mismatch"
-            return decode_body, None
-        if self.channel_uses_params:
-            if not kv_params:
-                self.metrics.pd_fallback.labels("no_kv_params").inc()
-                return decode_body, None
-            decode_body["kv_transfer_params"] = kv_params
-        return decode_body, timeline.prefill
-
-    def _free_prefill_chooser(self, parsed: ParsedRequest
-                              ) -> Callable[[Callable[[Backend], bool]], Backend | None]:
-        pool = self.pools["prefill"]
-
-        def choose(is_free: Callable[[Backend], bool]) -> Backend | None:
-            try:
-                choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (),
-                                   only=is_free)
-            except NoBackendAvailable:
-                return None
-            self.metrics.decision("prefill", pool.policy.name, choice.outcome)
-            return choice.backend
-
-        return choose
-
-    async def _wait_for_prefill_slot(self, parsed: ParsedRequest, timeline: Timeline) -> Backend:
-        assert self.placer is not None
-        pool = self.pools["prefill"]
-
-        def ensure_ready() -> None:
-            if not pool.ready():
-                raise NoBackendAvailable("prefill", pool.backends)
-
-        tokens = len(parsed.prompt_token_ids)
-        timeline.mark("prefill_queued")
-        queued = time.perf_counter()
-        remaining = self.config.request_timeout_s - timeline.since_arrival()
-        try:
-            backend = await asyncio.wait_for(
-                self.placer.queue.acquire(tokens, self.placer.service_s(tokens),
-                                          self._free_prefill_chooser(parsed), ensure_ready),
-                max(remaining, 0.001))
-        except TimeoutError:
-            raise RequestTimedOut() from None
-        self.metrics.prefill_queue_wait_seconds.observe(time.perf_counter() - queued)
-        return backend
-
-    async def _retry_prefill(self, parsed: ParsedRequest, body: dict[str, Any],
-                             failure: BackendFailure, timeline: Timeline) -> dict[str, Any]:
-        """Once, on another ready prefill worker. Safe: the client has received nothing yet,
-        and a one-token prefill has no effect a second run could repeat."""
-        first = failure.backend
-        try:
-            backend = self._pick("prefill", parsed, exclude=first)
-        except NoBackendAvailable:
-            raise BackendFailure("prefill", first,
-                                 f"{failure.detail}; no other ready prefill worker to retry on"
-                                 ) from failure
-        self.metrics.retries.labels("prefill").inc()
-        log.warning("request %s: prefill worker %s failed (%s); retrying on %s",
-                    timeline.request_id, first.url, failure.detail, backend.url)
-        timeline.retried_from = first.url
-        timeline.prefill = backend.url
-        timeline.mark("prefill_retried")
-        try:
-            return await self._call_json(backend, PATHS[parsed.endpoint], body, timeline)
-        except BackendFailure as second:
-            raise BackendFailure(
-                "prefill", backend,
-                f"{second.detail} (retried after prefill worker {first.url} failed: {failure.detail})",
-            ) from second
-
-    def _budget(self, timeline: Timeline) -> aiohttp.ClientTimeout:
-        """What is left of the request's overall timeout, for the next backend call: a PD
-        request makes two calls (three with a retry), and all of them share one budget."""
-        remaining = self.config.request_timeout_s - timeline.since_arrival()
-        if remaining <= 0:
-            raise RequestTimedOut()
-        return aiohttp.ClientTimeout(total=remaining, sock_connect=self.config.connect_timeout_s)
-
-    async def _call_json(self, backend: Backend, path: str, body: dict[str, Any],
-                         timeline: Timeline) -> dict[str, Any]:
-        request_id = timeline.request_id
-        timeout = self._budget(timeline)
-        backend.acquire()
-        try:
-            async with backend.client().post(
-                path, json=body, headers={"X-Request-Id": request_id},
-                timeout=timeout,
-            ) as upstream:
-                payload = await upstream.read()
-                if upstream.status >= 500:
-                    # A server error before any token (a crashed engine, an internal error):
-                    # worth trying on another worker; the worker itself may well be healthy.
-                    self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}").inc()
-                    self._call_failed(backend)
-                    raise BackendFailure(backend.role, backend,
-                                         f"answered {upstream.status}: {upstream_message(payload)}",
-                                         retriable=True)
-                if upstream.status != 200:
-                    raise UpstreamError(relay(upstream.status, payload, upstream, request_id))
-                try:
-                    data = json.loads(payload)
-                except ValueError:
-                    data = None
-                if not isinstance(data, dict):
-                    raise UpstreamError(error_response(
-                        502, f"{backend.role} worker {backend.url} answered 200 without a JSON "
-                        "object", request_id, code=f"{backend.role}_bad_response"))
-                backend.call_succeeded()
-                return data
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
-            self._backend_failed(backend, exc)
-            raise BackendFailure(backend.role, backend, describe(exc),
-                                 retriable=worth_another_try(exc),
-                                 timed_out=ran_out_of_time(exc)) from exc
-        finally:
-            backend.release()
-
-    async def _forward(self, request: web.Request, role: str, parsed: ParsedRequest,
-                       body: bytes, timeline: Timeline,
-                       handoff_from: str | None = None) -> web.StreamResponse:
-        """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
-        ``handoff_from``: the prefill worker whose KV cache decode must load."""
-        request_id = timeline.request_id
-        timeout = self._budget(timeline)
-        backend = self._pick(role, parsed)
-        if role == "decode":
-            timeline.decode = backend.url
-        elif role == "prefill":
-            timeline.prefill = backend.url
-        timeline.mark("decode_dispatched")
-        backend.acquire()
-        try:
-            async with backend.client().post(
-                PATHS[parsed.endpoint], data=body,
-                headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
-                timeout=timeout,
-            ) as upstream:
-                if upstream.status != 200 or not parsed.stream:
-                    payload = await upstream.read()
-                    if upstream.status >= 500 and handoff_from is not None:
-                        return self._handoff_failed(backend, handoff_from, upstream.status, payload,
-                                                    timeline)
-                    if upstream.status >= 500:
-                        self._call_failed(backend)
-                    elif upstream.status == 200:
-                        backend.call_succeeded()
-                    self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
-                        timeline.since_arrival())
-                    timeline.mark("first_token")
-                    timeline.mark("last_token")
-                    if upstream.status == 200:
-                        timeline.prompt_tokens, timeline.completion_tokens = usage_counts(payload)
-                    return relay(upstream.status, payload, upstream, request_id)
-                response = web.StreamResponse(status=200, headers={
-                    "Content-Type": "text/event-stream",
-                    "Cache-Control": "no-cache",
-                    "X-Request-Id": request_id,
-                })
-                await response.prepare(request)
-                first = True
-                try:
-                    # hot path: runs once per streamed chunk
-                    async for chunk in upstream.content.iter_any():
-                        try:
-                            await response.write(chunk)
-                        except ConnectionResetError:
-                            # The client left. Leaving this block closes the connection to
-                            # the worker, and vLLM aborts a request whose client is gone.
-                            self.metrics.client_disconnects.labels(parsed.endpoint).inc()
-                            timeline.error = "client disconnected"
-                            return response
-                        timeline.stream_chunks += chunk.count(b"data: ")
-                        if first:
-                            first = False
-                            self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
-                                timeline.since_arrival())
-                            timeline.mark("first_token")
-                            if self.placer is not None and timeline.kv.get("local_prefill"):
-                                # The prompt's prefill on decode, plus the wait for the
-                                # worker's step in progress: what its streams paused for.
-                                self.placer.local_speed.observe(
-                                    len(parsed.prompt_token_ids),
-                                    (timeline.events["first_token"]
-                                     - timeline.events["decode_dispatched"]) / 1000)
-                except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-                    self._backend_failed(backend, exc)
-                    timeline.error = f"{role} failed mid-stream: {describe(exc)}"
-                    with contextlib.suppress(ConnectionResetError):
-                        await response.write(sse_error(role, backend, exc))
-                else:
-                    backend.call_succeeded()
-                timeline.mark("last_token")
-                with contextlib.suppress(ConnectionResetError):
-                    await response.write_eof()
-                return response
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            self._backend_failed(backend, exc)
-            raise BackendFailure(role, backend, describe(exc),
-                                 timed_out=ran_out_of_time(exc)) from exc
-        finally:
-            backend.release()
-
-    def _handoff_failed(self, backend: Backend, prefill_url: str, status: int, payload: bytes,
-                        timeline: Timeline) -> web.Response:
-        # vLLM answers 500 (after its ~5 s KV load timeout) when decode cannot load the blocks
-        # prefill announced: stale or expired transfer params, a prefill that died meanwhile.
-        # Its message alone reads like a decode bug; say which hand-off failed.
-        message = (f"KV hand-off failed: decode worker {backend.url} could not use the KV cache "
-                   f"prefilled by {prefill_url} (decode answered {status}: "
-                   f"{upstream_message(payload)})")
-        self.metrics.backend_errors.labels("decode", "kv_handoff").inc()
-        timeline.error = message
-        return error_response(502, message, timeline.request_id, code="kv_handoff_failed")
-
-    def _backend_failed(self, backend: Backend, exc: BaseException) -> None:
-        self.metrics.backend_errors.labels(backend.role, type(exc).__name__).inc()
-        if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
-                            aiohttp.ClientPayloadError)):
-            # Passive health: stop sending to it now; the probe puts it back when it answers.
-            backend.mark(False, describe(exc))
-            self._call_failed(backend)
-
-    def _call_failed(self, backend: Backend) -> None:
-        # Timeouts are not counted: a slow worker is the probe's business (3 slow probes), and
-        # a request may run out of its own budget on a healthy worker.
-        if backend.call_failed(self.config.breaker_failures, self.config.breaker_cooldown_s):
-            self.metrics.breaker_opened.labels(backend.role, backend.url).inc()
-            log.warning("%s worker %s: %s", backend.role, backend.url, backend.last_error)
 
 
 def main(argv: list[str] | None = None) -> int:

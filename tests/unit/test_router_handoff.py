@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from inference.router.server import NIXL_PREFILL_PARAMS
+from inference.router.handoff import NIXL_PREFILL_PARAMS
 from tests.unit.conftest import MODEL, STUB_NIXL_RESPONSE_PARAMS, RunningRouter, StubVLLM, wait_until
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]

@@ -1,0 +1,105 @@
+"""One call to one worker: picking it, the request's remaining time budget, the JSON call that
+prefill makes, and what a failed call tells the pool (passive health, the circuit breaker)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import aiohttp
+
+from inference.router.backends import Backend, Pool
+from inference.router.config import RouterConfig
+from inference.router.metrics import RouterMetrics
+from inference.router.prompts import ParsedRequest
+from inference.router.timeline import Timeline
+from inference.router.upstream import (
+    BackendFailure,
+    RequestTimedOut,
+    UpstreamError,
+    describe,
+    error_response,
+    ran_out_of_time,
+    relay,
+    upstream_message,
+    worth_another_try,
+)
+
+log = logging.getLogger("pdserve.router")
+
+
+class WorkerCalls:
+    def __init__(self, config: RouterConfig, pools: dict[str, Pool], metrics: RouterMetrics):
+        self.config = config
+        self.pools = pools
+        self.metrics = metrics
+
+    def pick(self, role: str, parsed: ParsedRequest, exclude: Backend | None = None) -> Backend:
+        pool = self.pools[role]
+        choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (), exclude)
+        self.metrics.decision(role, pool.policy.name, choice.outcome)
+        return choice.backend
+
+    def budget(self, timeline: Timeline) -> aiohttp.ClientTimeout:
+        """What is left of the request's overall timeout, for the next backend call: a PD
+        request makes two calls (three with a retry), and all of them share one budget."""
+        remaining = self.config.request_timeout_s - timeline.since_arrival()
+        if remaining <= 0:
+            raise RequestTimedOut()
+        return aiohttp.ClientTimeout(total=remaining, sock_connect=self.config.connect_timeout_s)
+
+    async def call_json(self, backend: Backend, path: str, body: dict[str, Any],
+                        timeline: Timeline) -> dict[str, Any]:
+        request_id = timeline.request_id
+        timeout = self.budget(timeline)
+        backend.acquire()
+        try:
+            async with backend.client().post(
+                path, json=body, headers={"X-Request-Id": request_id},
+                timeout=timeout,
+            ) as upstream:
+                payload = await upstream.read()
+                if upstream.status >= 500:
+                    # A server error before any token (a crashed engine, an internal error):
+                    # worth trying on another worker; the worker itself may well be healthy.
+                    self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}").inc()
+                    self.call_failed(backend)
+                    raise BackendFailure(backend.role, backend,
+                                         f"answered {upstream.status}: {upstream_message(payload)}",
+                                         retriable=True)
+                if upstream.status != 200:
+                    raise UpstreamError(relay(upstream.status, payload, upstream, request_id))
+                try:
+                    data = json.loads(payload)
+                except ValueError:
+                    data = None
+                if not isinstance(data, dict):
+                    raise UpstreamError(error_response(
+                        502, f"{backend.role} worker {backend.url} answered 200 without a JSON "
+                        "object", request_id, code=f"{backend.role}_bad_response"))
+                backend.call_succeeded()
+                return data
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
+            self.backend_failed(backend, exc)
+            raise BackendFailure(backend.role, backend, describe(exc),
+                                 retriable=worth_another_try(exc),
+                                 timed_out=ran_out_of_time(exc)) from exc
+        finally:
+            backend.release()
+
+    def backend_failed(self, backend: Backend, exc: BaseException) -> None:
+        self.metrics.backend_errors.labels(backend.role, type(exc).__name__).inc()
+        if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
+                            aiohttp.ClientPayloadError)):
+            # Passive health: stop sending to it now; the probe puts it back when it answers.
+            backend.mark(False, describe(exc))
+            self.call_failed(backend)
+
+    def call_failed(self, backend: Backend) -> None:
+        # Timeouts are not counted: a slow worker is the probe's business (3 slow probes), and
+        # a request may run out of its own budget on a healthy worker.
+        if backend.call_failed(self.config.breaker_failures, self.config.breaker_cooldown_s):
+            self.metrics.breaker_opened.labels(backend.role, backend.url).inc()
+            log.warning("%s worker %s: %s", backend.role, backend.url, backend.last_error)

@@ -1,0 +1,137 @@
+"""The worker call whose answer goes to the client: a decode (or colocated, or a whole-request
+prefill) worker's answer relayed as it comes, streamed chunk by chunk or in one piece, with a
+failed KV hand-off and a mid-stream failure each told to the client as what they are."""
+
+from __future__ import annotations
+
+import contextlib
+
+import aiohttp
+from aiohttp import web
+
+from inference.router.adaptive import AdaptivePlacer
+from inference.router.backends import Backend
+from inference.router.calls import WorkerCalls
+from inference.router.handoff import PATHS
+from inference.router.metrics import RouterMetrics
+from inference.router.prompts import ParsedRequest
+from inference.router.timeline import Timeline
+from inference.router.upstream import (
+    BackendFailure,
+    describe,
+    error_response,
+    ran_out_of_time,
+    relay,
+    sse_error,
+    upstream_message,
+    usage_counts,
+)
+
+
+class Forwarder:
+    def __init__(self, calls: WorkerCalls, metrics: RouterMetrics, placer: AdaptivePlacer | None):
+        self.calls = calls
+        self.metrics = metrics
+        self.placer = placer
+
+    async def forward(self, request: web.Request, role: str, parsed: ParsedRequest,
+                      body: bytes, timeline: Timeline,
+                      handoff_from: str | None = None) -> web.StreamResponse:
+        """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
+        ``handoff_from``: the prefill worker whose KV cache decode must load."""
+        request_id = timeline.request_id
+        timeout = self.calls.budget(timeline)
+        backend = self.calls.pick(role, parsed)
+        if role == "decode":
+            timeline.decode = backend.url
+        elif role == "prefill":
+            timeline.prefill = backend.url
+        timeline.mark("decode_dispatched")
+        backend.acquire()
+        try:
+            async with backend.client().post(
+                PATHS[parsed.endpoint], data=body,
+                headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
+                timeout=timeout,
+            ) as upstream:
+                if upstream.status != 200 or not parsed.stream:
+                    payload = await upstream.read()
+                    if upstream.status >= 500 and handoff_from is not None:
+                        return self._handoff_failed(backend, handoff_from, upstream.status, payload,
+                                                    timeline)
+                    if upstream.status >= 500:
+                        self.calls.call_failed(backend)
+                    elif upstream.status == 200:
+                        backend.call_succeeded()
+                    self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
+                        timeline.since_arrival())
+                    timeline.mark("first_token")
+                    timeline.mark("last_token")
+                    if upstream.status == 200:
+                        timeline.prompt_tokens, timeline.completion_tokens = usage_counts(payload)
+                    return relay(upstream.status, payload, upstream, request_id)
+                return await self._stream(request, role, parsed, backend, upstream, timeline)
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            self.calls.backend_failed(backend, exc)
+            raise BackendFailure(role, backend, describe(exc),
+                                 timed_out=ran_out_of_time(exc)) from exc
+        finally:
+            backend.release()
+
+    async def _stream(self, request: web.Request, role: str, parsed: ParsedRequest,
+                      backend: Backend, upstream: aiohttp.ClientResponse,
+                      timeline: Timeline) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Request-Id": timeline.request_id,
+        })
+        await response.prepare(request)
+        first = True
+        try:
+            # hot path: runs once per streamed chunk
+            async for chunk in upstream.content.iter_any():
+                try:
+                    await response.write(chunk)
+                except ConnectionResetError:
+                    # The client left. Leaving the caller's block closes the connection to the
+                    # worker, and vLLM aborts a request whose client is gone.
+                    self.metrics.client_disconnects.labels(parsed.endpoint).inc()
+                    timeline.error = "client disconnected"
+                    return response
+                timeline.stream_chunks += chunk.count(b"data: ")
+                if first:
+                    first = False
+                    self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
+                        timeline.since_arrival())
+                    timeline.mark("first_token")
+                    if self.placer is not None and timeline.kv.get("local_prefill"):
+                        # The prompt's prefill on decode, plus the wait for the worker's step
+                        # in progress: what its streams paused for.
+                        self.placer.local_speed.observe(
+                            len(parsed.prompt_token_ids),
+                            (timeline.events["first_token"]
+                             - timeline.events["decode_dispatched"]) / 1000)
+        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            self.calls.backend_failed(backend, exc)
+            timeline.error = f"{role} failed mid-stream: {describe(exc)}"
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(sse_error(role, backend, exc))
+        else:
+            backend.call_succeeded()
+        timeline.mark("last_token")
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    def _handoff_failed(self, backend: Backend, prefill_url: str, status: int, payload: bytes,
+                        timeline: Timeline) -> web.Response:
+        # vLLM answers 500 (after its ~5 s KV load timeout) when decode cannot load the blocks
+        # prefill announced: stale or expired transfer params, a prefill that died meanwhile.
+        # Its message alone reads like a decode bug; say which hand-off failed.
+        message = (f"KV hand-off failed: decode worker {backend.url} could not use the KV cache "
+                   f"prefilled by {prefill_url} (decode answered {status}: "
+                   f"{upstream_message(payload)})")
+        self.metrics.backend_errors.labels("decode", "kv_handoff").inc()
+        timeline.error = message
+        return error_response(502, message, timeline.request_id, code="kv_handoff_failed")
