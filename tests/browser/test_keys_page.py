@@ -15,6 +15,7 @@ from pytest_django.live_server_helper import LiveServer
 from console.deployments.models import Deployment
 from console.gateway.models import ApiKey
 from inference.router.keys import key_hash
+from tests.chromium import signed_in
 from tests.console.tiny_models import make_plan
 
 PASSWORD = "browser-pass-123"
@@ -29,16 +30,9 @@ def plan(transactional_db: None, tmp_path: Path, settings: Any) -> Deployment:
 
 @pytest.fixture
 def page(browser: Browser, live_server: LiveServer, plan: Deployment) -> Iterator[Page]:
-    context = browser.new_context(base_url=live_server.url)
-    context.grant_permissions(["clipboard-read", "clipboard-write"])
-    page = context.new_page()
-    page.goto("/login/")
-    page.fill("input[name=username]", "operator")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    expect(page.locator("h1")).to_have_text("Deployments")
-    yield page
-    context.close()
+    with signed_in(browser, live_server.url, "operator", PASSWORD,
+                   permissions=["clipboard-read", "clipboard-write"]) as page:
+        yield page
 
 
 def test_a_key_is_shown_once_copied_and_revoked(page: Page, plan: Deployment) -> None:

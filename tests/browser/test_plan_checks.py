@@ -12,6 +12,7 @@ from playwright.sync_api import Browser, Page, expect
 from pytest_django.live_server_helper import LiveServer
 
 from console.deployments.models import Deployment
+from tests.chromium import signed_in
 from tests.console.tiny_models import make_plan
 
 PASSWORD = "browser-pass-123"
@@ -27,15 +28,8 @@ def plan(transactional_db: None, tmp_path: Path) -> Deployment:
 
 @pytest.fixture
 def page(browser: Browser, live_server: LiveServer, plan: Deployment) -> Iterator[Page]:
-    context = browser.new_context(base_url=live_server.url)
-    page = context.new_page()
-    page.goto("/login/")
-    page.fill("input[name=username]", "operator")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    expect(page.locator("h1")).to_have_text("Deployments")
-    yield page
-    context.close()
+    with signed_in(browser, live_server.url, "operator", PASSWORD) as page:
+        yield page
 
 
 def row(page: Page, check_id: str):  # noqa: ANN201 - a Playwright Locator

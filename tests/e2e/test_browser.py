@@ -10,37 +10,23 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
+from tests.chromium import launched, signed_in
 from tests.e2e.conftest import ADMIN_PASSWORD, Stack
 
 pytestmark = pytest.mark.vllm
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
-                                             args=CHROMIUM_ARGS)
+    with launched() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture
 def page(browser: Browser, stack: Stack) -> Iterator[Page]:
-    context = browser.new_context(base_url=stack.console)
-    page = context.new_page()
-    page.goto("/login/")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", ADMIN_PASSWORD)
-    page.click("button[type=submit]")
-    expect(page.locator("h1")).to_have_text("Deployments")
-    yield page
-    context.close()
+    with signed_in(browser, stack.console, "admin", ADMIN_PASSWORD) as page:
+        yield page
 
 
 def _router_process_id(stack: Stack) -> int:

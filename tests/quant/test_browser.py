@@ -6,34 +6,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.chromium import launched, signed_in
 from tests.quant.conftest import ADMIN_PASSWORD, QuantStack
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
-        # Playwright's sync API keeps an event loop in this thread; nothing here uses the ORM,
-        # but a later test in the session may.
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with launched() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture
 def page(browser: Browser, quant_stack: QuantStack) -> Iterator[Page]:
-    context = browser.new_context(base_url=quant_stack.console)
-    page = context.new_page()
-    page.goto("/login/")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", ADMIN_PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url("**/")
-    yield page
-    context.close()
+    with signed_in(browser, quant_stack.console, "admin", ADMIN_PASSWORD) as page:
+        yield page
 
 
 def test_the_progress_bar_moves_without_a_reload(page: Page) -> None:
