@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference.launch import WorkerSpec, build_command
 from tests.e2e.conftest import START_TIMEOUT_S, _wait_http
 from tests.e2e.stale_prefill import StaleHandoffPrefill
-from tests.e2e.tiny_llama import build_tiny_llama
+from tests.tiny_llama import build_tiny_llama
 
 pytestmark = pytest.mark.vllm
 

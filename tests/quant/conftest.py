@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,33 +23,21 @@ import httpx
 import pytest
 
 from tests.console.sockets import free_port
+from tests.tiny_llama import build_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
 QUANT_PYTHON = REPO / ".venv-quant" / "bin" / "python"
 SMOLLM2 = Path(os.environ.get("PDSERVE_TEST_MODEL_DIR", REPO / "data" / "models" / "smollm2-135m-instruct"))
-COMPANION_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                   "generation_config.json")
 ADMIN_PASSWORD = "quant-admin-password"
 
 
 def build_random_llama(out: Path, *, layers: int) -> Path:
-    """A random-weight Llama with SmolLM2's vocabulary: hidden 128 (every dim a multiple of 64,
-    as vLLM's CPU W4A16 kernel needs multiples of 32), bf16 like the default model."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    """The tiny Llama in bf16, like the default model, once the default model's tokenizer is
+    there to copy."""
     if not (SMOLLM2 / "tokenizer.json").is_file():
         subprocess.run([sys.executable, "-m", "inference.prepare_model", "--out", str(SMOLLM2)],
                        cwd=REPO, check=True)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=64, max_position_embeddings=2048, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-    for name in COMPANION_FILES:
-        shutil.copy2(SMOLLM2 / name, out / name)
-    return out
+    return build_tiny_llama(SMOLLM2, out, layers=layers, dtype="bfloat16")
 
 
 Events = list[dict[str, Any]]
