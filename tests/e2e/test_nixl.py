@@ -85,7 +85,7 @@ def test_nixl_pd_output_equals_prefix_cached_single_server(nixl_router: tuple[st
             "return_token_ids": True, "temperature": 0}
     pd = httpx.post(f"{router}/v1/completions", json=body, timeout=300,
                     headers={"X-Request-Id": "nixl-equality"})
-    assert pd.status_code == 200, pd.text
+    assert pd.status_code == 200, f"{pd.text}\n{_worker_trouble(logs)}"
     httpx.post(f"{stack.reference}/v1/completions", json=body, timeout=120)
     single = httpx.post(f"{stack.reference}/v1/completions", json=body, timeout=120).json()
     assert pd.json()["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
@@ -99,11 +99,11 @@ def test_nixl_pd_output_equals_prefix_cached_single_server(nixl_router: tuple[st
 
 
 def test_nixl_chat_streams_through_the_router(nixl_router: tuple[str, Path]) -> None:
-    router, _logs = nixl_router
+    router, logs = nixl_router
     with httpx.stream("POST", f"{router}/v1/chat/completions", timeout=300, json={
             "model": "smollm2", "stream": True, "max_tokens": 16,
             "messages": [{"role": "user", "content": LONG_PROMPT}]}) as response:
-        assert response.status_code == 200
+        assert response.status_code == 200, _worker_trouble(logs)
         events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert not any('"error"' in event for event in events)
@@ -112,7 +112,7 @@ def test_nixl_chat_streams_through_the_router(nixl_router: tuple[str, Path]) -> 
 def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
         nixl_router: tuple[str, Path], model_dir: Path,
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    router, _logs = nixl_router
+    router, logs = nixl_router
     stub = StaleHandoffPrefill(STALE_PREFILL_PORT, model_dir, side_port=5610)
     threading.Thread(target=stub.serve_forever, daemon=True).start()
     log = open(tmp_path_factory.mktemp("stale") / "router.log", "wb")  # noqa: SIM115
@@ -142,7 +142,18 @@ def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
     assert httpx.get(f"http://127.0.0.1:{DECODE_PORT}/health", timeout=10).status_code == 200
     ok = httpx.post(f"{router}/v1/completions", timeout=300,
                     json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
-    assert ok.status_code == 200, ok.text
+    assert ok.status_code == 200, f"{ok.text}\n{_worker_trouble(logs)}"
+
+
+def _worker_trouble(logs: Path) -> str:
+    """The workers' warnings and errors, for a failed hand-off's assertion message: which side
+    gave up (handshake, transfer, expired lease) is in there, and nowhere else."""
+    lines = []
+    for role in ("prefill", "decode"):
+        for line in (logs / f"{role}.log").read_text(errors="replace").splitlines():
+            if " WARNING " in line or " ERROR " in line or "Traceback" in line:
+                lines.append(f"{role}: {line}")
+    return "\n".join(lines[-60:])
 
 
 def _metric_at(router: str, name: str) -> float:
