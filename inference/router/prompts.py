@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,25 @@ class Prompt:
     def known_length(self) -> int | None:
         """The number of tokens if they were computed, without computing them."""
         return None if self._ids is None else len(self._ids)
+
+
+class CharsPerToken:
+    """How many characters one token of this deployment's prompts covers, learned from the
+    prompts whose exact count became known (vLLM's usage, the PD hand-off): a prompt's tokens
+    estimated without tokenizing it. Starts at 4, English's usual figure for BPE vocabularies."""
+
+    def __init__(self, initial: float = 4.0, weight: float = 0.05) -> None:
+        self.value = initial
+        self.weight = weight
+
+    def estimate(self, text: str) -> int:
+        return max(1, math.ceil(len(text) / self.value))
+
+    def observe(self, chars: int, tokens: int) -> None:
+        if chars > 0 and tokens > 0:
+            # Clamped: one odd prompt (all emoji, all digits) must not swing the estimate far.
+            ratio = min(max(chars / tokens, 1.0), 8.0)
+            self.value += self.weight * (ratio - self.value)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,11 @@ weighted by how much of last minute still lies within the past 60 s (the algorit
 Cloudflare's and the ``limits`` library's sliding window counter). Generated tokens are reserved
 up front (the request's ``max_tokens``, or ``DEFAULT_RESERVED_TOKENS``, never more than the
 limit itself) and reconciled when the answer ends, so a short answer gives back what it did
-not use. In-flight requests are leases that expire after the request timeout, so a replica that
-dies cannot hold a slot forever.
+not use. Prompt tokens are charged up front as an estimate when the exact count is not known
+yet (tokenizing costs the router more than the rest of a request), and reconciled with the
+exact count when the answer ends; only an exact count may refuse a request. In-flight requests
+are leases that expire after the request timeout, so a replica that dies cannot hold a slot
+forever.
 
 Why not the ``limits`` library: it has no refund (the generated-token reservation needs one),
 no concurrency limit, and checks one limit per call; four limits would take three or more Redis
@@ -69,13 +72,16 @@ class Ticket:
     lease: str | None
     reserved: int  # generated tokens reserved; 0 when the key has no such limit
     window: int  # the minute the reservation was counted in
+    prompt_charged: int = 0  # prompt tokens counted; 0 when the key has no such limit
+    prompt_estimated: bool = False  # prompt_charged is an estimate, to settle on the exact count
 
 
 class Store(Protocol):
     async def admit(self, prefix: str, costs: tuple[tuple[int, int], ...], max_concurrency: int,
                     lease: str, lease_ttl_s: float) -> tuple[int, int]: ...
 
-    async def settle(self, prefix: str, lease: str | None, window: int, delta: int) -> None: ...
+    async def settle(self, prefix: str, lease: str | None, window: int,
+                     deltas: tuple[int, int]) -> None: ...
 
 
 def wait_seconds(previous: float, current: float, cost: int, limit: int, elapsed: float) -> float:
@@ -130,19 +136,22 @@ class MemoryStore:
                 self._counter(prefix, index, minute)[1] += cost
         return 0, minute
 
-    async def settle(self, prefix: str, lease: str | None, window: int, delta: int) -> None:
+    async def settle(self, prefix: str, lease: str | None, window: int,
+                     deltas: tuple[int, int]) -> None:
         if lease is not None:
             self.leases.get(prefix, {}).pop(lease, None)
-        if not delta:
-            return
         minute = int(time.time() // WINDOW_S)
-        counter = self._counter(prefix, 2, minute)
-        if delta > 0:
-            counter[1] += delta
-        elif window == minute:
-            counter[1] = max(0, counter[1] + delta)
-        elif window == minute - 1:
-            counter[2] = max(0, counter[2] + delta)
+        # Prompt tokens are counter 1, generated tokens counter 2 (as in ``costs``).
+        for index, delta in enumerate(deltas, start=1):
+            if not delta:
+                continue
+            counter = self._counter(prefix, index, minute)
+            if delta > 0:
+                counter[1] += delta
+            elif window == minute:
+                counter[1] = max(0, counter[1] + delta)
+            elif window == minute - 1:
+                counter[2] = max(0, counter[2] + delta)
 
 
 # KEYS[1]: the key's base name. ARGV: limit and cost of requests, prompt tokens and generated
@@ -197,23 +206,25 @@ end
 return {0, minute}
 """.replace("__WINDOW__", str(WINDOW_S)).replace("__CONCURRENCY_RETRY__", str(CONCURRENCY_RETRY_S))
 
-# KEYS[1]: base name. ARGV: lease id ('' for none), the reservation's minute, generated tokens
-# used minus reserved.
+# KEYS[1]: base name. ARGV: lease id ('' for none), the reservation's minute, prompt tokens
+# counted minus charged, generated tokens used minus reserved.
 SETTLE_LUA = """
 local base = KEYS[1]
 if ARGV[1] ~= '' then redis.call('ZREM', base .. ':c', ARGV[1]) end
-local delta = tonumber(ARGV[3])
-if delta > 0 then
-  local t = redis.call('TIME')
-  local k = base .. ':3:' .. math.floor(tonumber(t[1]) / __WINDOW__)
-  redis.call('INCRBY', k, delta)
-  redis.call('EXPIRE', k, 2 * __WINDOW__ + 10)
-elseif delta < 0 then
-  local k = base .. ':3:' .. ARGV[2]
-  local v = redis.call('GET', k)
-  if v then
-    local n = math.max(0, tonumber(v) + delta)
-    redis.call('SET', k, n, 'KEEPTTL')
+for i = 2, 3 do
+  local delta = tonumber(ARGV[i + 1])
+  if delta > 0 then
+    local t = redis.call('TIME')
+    local k = base .. ':' .. i .. ':' .. math.floor(tonumber(t[1]) / __WINDOW__)
+    redis.call('INCRBY', k, delta)
+    redis.call('EXPIRE', k, 2 * __WINDOW__ + 10)
+  elseif delta < 0 then
+    local k = base .. ':' .. i .. ':' .. ARGV[2]
+    local v = redis.call('GET', k)
+    if v then
+      local n = math.max(0, tonumber(v) + delta)
+      redis.call('SET', k, n, 'KEEPTTL')
+    end
   end
 end
 return 0
@@ -239,8 +250,9 @@ class RedisStore:
         assert isinstance(result, list)
         return int(result[0]), int(result[1])
 
-    async def settle(self, prefix: str, lease: str | None, window: int, delta: int) -> None:
-        await self.client.evalsha("settle", [self._base(prefix)], [lease or "", window, delta])
+    async def settle(self, prefix: str, lease: str | None, window: int,
+                     deltas: tuple[int, int]) -> None:
+        await self.client.evalsha("settle", [self._base(prefix)], [lease or "", window, *deltas])
 
     async def close(self) -> None:
         await self.client.close()
@@ -267,16 +279,35 @@ class RateLimiter:
         if self._on_store_error is not None:
             self._on_store_error()
 
-    async def admit(self, key: ApiKey, prompt_tokens: int, max_tokens: int | None) -> Ticket | None:
+    async def admit(self, key: ApiKey, prompt_tokens: int, max_tokens: int | None,
+                    exact_prompt_tokens: Callable[[], int] | None = None) -> Ticket | None:
         """Count the request against ``key``'s limits, or raise Refused. None: nothing to
-        give back (the key has no limits). ``prompt_tokens`` matters only with a prompt limit."""
+        give back (the key has no limits). ``prompt_tokens`` matters only with a prompt limit;
+        with ``exact_prompt_tokens`` it is an estimate, and a refusal by the prompt limit is
+        checked again with the exact count before it stands."""
         limits = key.limits
         if not limits.any:
             return None
-        reserved = reservation(limits, max_tokens)
+        charged = prompt_tokens if limits.prompt_tokens_per_minute else 0
+        estimated = bool(charged) and exact_prompt_tokens is not None
+        refused, value, store, costs, lease = await self._try(key, charged, max_tokens)
+        if refused == 2 and estimated and exact_prompt_tokens is not None:
+            # Nothing was counted by the refusal (all limits or none), so try again exactly.
+            exact = exact_prompt_tokens()
+            if exact != charged:
+                charged, estimated = exact, False
+                refused, value, store, costs, lease = await self._try(key, charged, max_tokens)
+        if refused:
+            key.usage.rate_limited += 1
+            raise Refused(LIMIT_LABELS[refused - 1], max(1, value), _message(limits, refused, costs))
+        return Ticket(key, store, lease, costs[2][1], value, charged, estimated)
+
+    async def _try(self, key: ApiKey, prompt_tokens: int, max_tokens: int | None
+                   ) -> tuple[int, int, Store, tuple[tuple[int, int], ...], str | None]:
+        limits = key.limits
         costs = ((limits.requests_per_minute or 0, 1),
                  (limits.prompt_tokens_per_minute or 0, prompt_tokens),
-                 (limits.generated_tokens_per_minute or 0, reserved))
+                 (limits.generated_tokens_per_minute or 0, reservation(limits, max_tokens)))
         lease = uuid.uuid4().hex if limits.max_concurrency else None
         store = self._store()
         args = (key.prefix, costs, limits.max_concurrency or 0, lease or "", self.lease_ttl_s)
@@ -286,18 +317,19 @@ class RateLimiter:
             self._redis_failed(exc)
             store = self.memory
             refused, value = await store.admit(*args)
-        if refused:
-            key.usage.rate_limited += 1
-            raise Refused(LIMIT_LABELS[refused - 1], max(1, value), _message(limits, refused, costs))
-        return Ticket(key, store, lease, reserved, value)
+        return refused, value, store, costs, lease
 
-    async def settle(self, ticket: Ticket, generated: int) -> None:
-        """Give back the lease and what was reserved but not generated (or charge the excess)."""
-        delta = generated - ticket.reserved if ticket.reserved else 0
-        if ticket.lease is None and not delta:
+    async def settle(self, ticket: Ticket, generated: int, prompt_tokens: int | None) -> None:
+        """Give back the lease and what was reserved but not generated (or charge the excess),
+        and correct an estimated prompt charge to ``prompt_tokens``, the exact count."""
+        generated_delta = generated - ticket.reserved if ticket.reserved else 0
+        prompt_delta = (prompt_tokens - ticket.prompt_charged
+                        if ticket.prompt_charged and prompt_tokens is not None else 0)
+        if ticket.lease is None and not generated_delta and not prompt_delta:
             return
         try:
-            await ticket.store.settle(ticket.key.prefix, ticket.lease, ticket.window, delta)
+            await ticket.store.settle(ticket.key.prefix, ticket.lease, ticket.window,
+                                      (prompt_delta, generated_delta))
         except STORE_ERRORS as exc:
             # The lease expires by itself after the request timeout.
             self._redis_failed(exc)

@@ -37,7 +37,7 @@ from inference.router.handoff import PrefillStage
 from inference.router.keys import ApiKey, AuthFailure, Gatekeeper, load_key_file
 from inference.router.metrics import RouterMetrics
 from inference.router.policies import make_policy
-from inference.router.prompts import ParsedRequest, PromptChecker, RequestError
+from inference.router.prompts import CharsPerToken, ParsedRequest, PromptChecker, RequestError
 from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
@@ -76,6 +76,7 @@ class Router:
             self.placer = AdaptivePlacer(floor_tokens=config.local_prefill_max_tokens,
                                          stall_budget_s=config.stall_budget_ms / 1000,
                                          queue=PrefillQueue(config.prefill_slots))
+        self.chars_per_token = CharsPerToken()
         self.calls = WorkerCalls(config, self.pools, self.metrics)
         self.forwarder = Forwarder(self.calls, self.metrics, self.placer)
         self.prefill_stage = (PrefillStage(config, self.pools["prefill"], self.calls, self.metrics,
@@ -196,21 +197,37 @@ class Router:
                                   headers={"WWW-Authenticate": "Bearer"})
 
     async def _admit(self, key: ApiKey, parsed: ParsedRequest) -> Ticket | None:
-        # Tokenizes the prompt (on demand, see prompts.py) only for a key with a prompt limit.
-        prompt_tokens = len(parsed.prompt_token_ids) if key.limits.prompt_tokens_per_minute else 0
-        ticket = await self.limiter.admit(key, prompt_tokens, parsed.max_tokens)
+        prompt = parsed.prompt
+        exact = prompt.known_length
+        if exact is not None or not key.limits.prompt_tokens_per_minute:
+            ticket = await self.limiter.admit(key, exact or 0, parsed.max_tokens)
+        else:
+            # Tokenizing the prompt would cost the router more than the rest of the request:
+            # charge an estimate now and the exact count in _settle, where vLLM's usage or the
+            # PD hand-off has usually brought it for free.
+            ticket = await self.limiter.admit(key, self.chars_per_token.estimate(prompt.text),
+                                              parsed.max_tokens,
+                                              exact_prompt_tokens=lambda: len(prompt.token_ids))
         self.metrics.key_requests.labels(key.label).inc()
         return ticket
 
-    async def _settle(self, key: ApiKey, ticket: Ticket | None, timeline: Timeline) -> None:
+    async def _settle(self, key: ApiKey, ticket: Ticket | None, parsed: ParsedRequest,
+                      timeline: Timeline) -> None:
         """Runs on every exit of an admitted request: answered, failed, timed out, cancelled."""
         generated = generated_estimate(timeline.completion_tokens, timeline.stream_chunks,
                                        timeline.endpoint)
+        prompt_tokens = timeline.prompt_tokens
+        if prompt_tokens is None and ticket is not None and ticket.prompt_estimated:
+            # A streamed answer without usage: count now, after its last chunk, not before
+            # its first.
+            prompt_tokens = len(parsed.prompt_token_ids)
+        if prompt_tokens is not None and parsed.prompt.text:
+            self.chars_per_token.observe(len(parsed.prompt.text), prompt_tokens)
         key.usage.generated_tokens += generated
-        key.usage.prompt_tokens += timeline.prompt_tokens or 0
+        key.usage.prompt_tokens += prompt_tokens or 0
         if ticket is None:
             return
-        settling = self.limiter.settle(ticket, generated)
+        settling = self.limiter.settle(ticket, generated, prompt_tokens)
         if ticket.store is self.limiter.memory:
             await settling  # never suspends, so a cancellation cannot cut it short
         else:
@@ -281,7 +298,7 @@ class Router:
             if parsed.prompt.known_length is not None:
                 timeline.prompt_tokens = parsed.prompt.known_length
             if key is not None:
-                await self._settle(key, ticket, timeline)
+                await self._settle(key, ticket, parsed, timeline)
 
     async def _dispatch(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
                         timeline: Timeline) -> web.StreamResponse:

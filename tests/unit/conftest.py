@@ -117,6 +117,8 @@ class StubVLLM:
     truncate_json_body: bool = False
     # When set, streaming pauses after the first chunk until the test releases it.
     stream_gate: asyncio.Event | None = None
+    # Put vLLM's usage (prompt and completion tokens) in non-streamed answers.
+    with_usage: bool = False
     # A non-streamed answer takes this long per prompt token, like a prefill.
     seconds_per_prompt_token: float = 0.0
     # Inference requests being answered now, and the most at once.
@@ -208,6 +210,9 @@ class StubVLLM:
                 choice["prompt_token_ids"] = prompt_ids
             answer = {"id": f"{self.name}-cmpl", "object": "text_completion",
                       "model": body["model"], "choices": [choice]}
+        if self.with_usage:
+            answer["usage"] = {"prompt_tokens": len(prompt_ids), "completion_tokens": 1,
+                               "total_tokens": len(prompt_ids) + 1}
         wants_kv = (body.get("kv_transfer_params") or {}).get("do_remote_decode")
         if wants_kv and not self.omit_kv_transfer_params:
             answer["kv_transfer_params"] = dict(STUB_NIXL_RESPONSE_PARAMS)
