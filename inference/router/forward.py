@@ -23,6 +23,7 @@ from inference.router.upstream import (
     ran_out_of_time,
     relay,
     sse_error,
+    stream_usage_counts,
     upstream_message,
     usage_counts,
 )
@@ -88,6 +89,8 @@ class Forwarder:
         })
         await response.prepare(request)
         first = True
+        # The last two chunks: where the usage event a client may ask for ends the stream.
+        previous = last = b""
         try:
             # hot path: runs once per streamed chunk
             async for chunk in upstream.content.iter_any():
@@ -100,6 +103,7 @@ class Forwarder:
                     timeline.error = "client disconnected"
                     return response
                 timeline.stream_chunks += chunk.count(b"data: ")
+                previous, last = last, chunk
                 if first:
                     first = False
                     self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
@@ -119,6 +123,12 @@ class Forwarder:
                 await response.write(sse_error(role, backend, exc))
         else:
             backend.call_succeeded()
+            tail = previous + last
+            if b'"usage"' in tail:
+                prompt_tokens, completion_tokens = stream_usage_counts(tail)
+                if completion_tokens is not None:
+                    timeline.prompt_tokens, timeline.completion_tokens = (prompt_tokens,
+                                                                          completion_tokens)
         timeline.mark("last_token")
         with contextlib.suppress(ConnectionResetError):
             await response.write_eof()

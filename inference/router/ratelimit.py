@@ -348,9 +348,10 @@ def reservation(limits: Limits, max_tokens: int | None) -> int:
 
 
 def generated_estimate(completion_tokens: int | None, stream_chunks: int, endpoint: str) -> int:
-    """Tokens an answer generated: the usage of a non-streamed answer; for a streamed one, its
-    SSE events less the framing ones (vLLM streams one event per token step; chat opens with a
-    role-only event; both end with [DONE]). A usage event, if asked for, counts one too many."""
+    """Tokens an answer generated: its usage (a non-streamed answer's, or the usage event of a
+    stream whose client asked for one); otherwise a stream's SSE events less the framing ones
+    (vLLM streams one event per token step; chat opens with a role-only event; both end with
+    [DONE])."""
     if completion_tokens is not None:
         return completion_tokens
     return max(0, stream_chunks - (2 if endpoint == "chat" else 1))

@@ -67,6 +67,17 @@ def usage_counts(payload: bytes) -> tuple[int | None, int | None]:
             completion if isinstance(completion, int) else None)
 
 
+def stream_usage_counts(tail: bytes) -> tuple[int | None, int | None]:
+    """(prompt_tokens, completion_tokens) from the usage event that ends a stream whose client
+    asked for it (``stream_options.include_usage``), found in the stream's last bytes."""
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            counts = usage_counts(line[6:])
+            if counts != (None, None):
+                return counts
+    return None, None
+
+
 def prompt_token_ids(endpoint: str, data: dict[str, Any]) -> list[int] | None:
     if endpoint == "chat":
         ids = data.get("prompt_token_ids")

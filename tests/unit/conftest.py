@@ -117,7 +117,8 @@ class StubVLLM:
     truncate_json_body: bool = False
     # When set, streaming pauses after the first chunk until the test releases it.
     stream_gate: asyncio.Event | None = None
-    # Put vLLM's usage (prompt and completion tokens) in non-streamed answers.
+    # Put vLLM's usage (prompt and completion tokens) in non-streamed answers, and in streamed
+    # ones that ask for it (stream_options.include_usage).
     with_usage: bool = False
     # A non-streamed answer takes this long per prompt token, like a prefill.
     seconds_per_prompt_token: float = 0.0
@@ -186,7 +187,7 @@ class StubVLLM:
         self.most_active = max(self.most_active, self.active)
         try:
             if body.get("stream"):
-                return await self._stream(request, endpoint)
+                return await self._stream(request, endpoint, body)
             prompt_ids = self._prompt_ids(endpoint, body)
             if self.seconds_per_prompt_token:
                 await asyncio.sleep(self.seconds_per_prompt_token * len(prompt_ids))
@@ -227,10 +228,19 @@ class StubVLLM:
             return response
         return web.json_response(answer)
 
-    async def _stream(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, endpoint: str,
+                      body: dict[str, Any]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for i, chunk in enumerate(self.sse_chunks(endpoint)):
+        chunks = self.sse_chunks(endpoint)
+        if self.with_usage and (body.get("stream_options") or {}).get("include_usage"):
+            # vLLM's last event before [DONE] when the client asks for usage: no choices.
+            prompt_tokens = len(self._prompt_ids(endpoint, body))
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": self.stream_chunks,
+                     "total_tokens": prompt_tokens + self.stream_chunks}
+            event = {"id": f"{self.name}-stream", "object": "chunk", "choices": [], "usage": usage}
+            chunks.insert(-1, f"data: {json.dumps(event)}\n\n".encode())
+        for i, chunk in enumerate(chunks):
             if self.die_after_chunks is not None and i == self.die_after_chunks:
                 # close() flushes what was written, then drops the connection; aiohttp then
                 # cannot send the final zero-length chunk, exactly like a crashed worker.

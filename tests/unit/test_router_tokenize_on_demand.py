@@ -3,8 +3,9 @@
 With a byte-level BPE tokenizer (GPT-2, Llama 3, Qwen, SmolLM) a prompt has at most as many
 tokens as UTF-8 bytes, so a prompt that fits even at one token per byte is not tokenized for
 the length check; the PD hand-off and prefix_aware still get exact ids. A key's prompt-token
-limit charges an estimate and settles on the exact count that vLLM's usage brings, or that the
-router counts after a streamed answer's last chunk; only an exact count refuses.
+limit charges an estimate and settles on the exact count that vLLM's usage brings (in a
+non-streamed answer, or a stream's usage event), or that the router counts after a streamed
+answer's last chunk; only an exact count refuses.
 """
 
 from __future__ import annotations
@@ -209,6 +210,14 @@ async def test_a_prompt_token_limit_charges_an_estimate_and_settles_the_exact_co
     await wait_until(lambda: started.checker.encoded == 1)
     exact = len(started.checker.tokenizer(text, add_special_tokens=True)["input_ids"])
     assert prompt_tokens_counted(started.router, key) == from_usage + exact
+
+    # Streamed with the usage event the client asked for: the router reads it, not tokenizes.
+    asked = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    response = await started.client.post("/v1/completions", json=asked, headers=headers)
+    assert response.status == 200
+    assert b'"usage"' in await response.read()  # relayed to the client as it came
+    assert started.checker.encoded == 1
+    assert prompt_tokens_counted(started.router, key) == 2 * from_usage + exact
 
 
 async def test_only_an_exact_count_refuses_a_prompt(byte_level_router: StartByteLevel,
