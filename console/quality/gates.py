@@ -5,8 +5,6 @@ the supervisor's tick must not wait for it)."""
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -20,6 +18,7 @@ from console.deployments.models import Deployment
 from console.quality import services
 from console.quality.models import GateResult
 from console.supervisor.models import ManagedProcess
+from console.supervisor.processes import is_same_process, kill_group
 from inference.launch import LaunchError
 from inference.output_gate import (
     GateError,
@@ -45,11 +44,17 @@ class GateRunner:
     jobs: dict[int, GateJob] = field(default_factory=dict)
 
     def recover(self) -> int:
-        """Gates a previous supervisor left running will never finish: queue them again. (A
-        supervisor that stopped normally killed their reference servers; one killed with SIGKILL
-        leaves its reference server running, which nothing here tracks.)"""
-        return GateResult.objects.filter(state=State.RUNNING).update(
-            state=State.QUEUED, started_at=None)
+        """Gates a previous supervisor left running will never finish: kill their reference
+        servers, still running if that supervisor was killed with SIGKILL (one that stopped
+        normally killed them), and queue the gates again."""
+        running = GateResult.objects.filter(state=State.RUNNING)
+        for gate in running.exclude(reference_pid=None):
+            if is_same_process(gate.reference_pid, gate.reference_started_at):
+                log.warning("gate #%d: killing the reference server (pid %d) a previous "
+                            "supervisor left running", gate.pk, gate.reference_pid)
+                kill_group(gate.reference_pid)
+        return running.update(state=State.QUEUED, started_at=None, reference_pid=None,
+                              reference_started_at=None)
 
     def step(self) -> bool:
         """Start the queued gates whose workers are all ready; forget finished threads."""
@@ -77,7 +82,7 @@ class GateRunner:
         for job in self.jobs.values():
             if job.reference is not None:
                 # The thread's next request fails, it records the error and stops the rest.
-                _kill_group(job.reference.pid)
+                kill_group(job.reference.pid)
         for job in self.jobs.values():
             job.thread.join(timeout=timeout_s)
         self.jobs.clear()
@@ -88,13 +93,13 @@ class GateRunner:
             state, report, error, reference = self._evaluate(gate)
             GateResult.objects.filter(pk=gate_id).update(
                 state=state, report=report, error=error[:1000], reference=reference,
-                finished_at=timezone.now())
+                finished_at=timezone.now(), reference_pid=None, reference_started_at=None)
             log.info("gate #%d of %s: %s %s", gate_id, gate.deployment.name, state, error)
         except Exception:  # the row must not stay "running" whatever happened
             log.exception("gate #%d crashed", gate_id)
             GateResult.objects.filter(pk=gate_id).update(
                 state=State.ERROR, error="the gate crashed; see the supervisor's log",
-                finished_at=timezone.now())
+                finished_at=timezone.now(), reference_pid=None, reference_started_at=None)
         finally:
             connection.close()
 
@@ -113,6 +118,8 @@ class GateRunner:
 
         def started(process: subprocess.Popen[bytes]) -> None:
             self.jobs[gate.pk].reference = process
+            GateResult.objects.filter(pk=gate.pk).update(reference_pid=process.pid,
+                                                         reference_started_at=timezone.now())
 
         try:
             prompts = load_prompts(gate.prompts)
@@ -130,10 +137,3 @@ def workers_ready(deployment: Deployment) -> bool:
         deployment=deployment, slot__in=slots, state=ManagedProcess.State.READY,
     ).values_list("slot", flat=True))
     return bool(slots) and ready == slots
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

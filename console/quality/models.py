@@ -37,6 +37,10 @@ class GateResult(models.Model):
     error = models.CharField(max_length=1000, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    # The reference vLLM server while the gate runs: a supervisor killed with SIGKILL leaves it
+    # running, and the next supervisor kills it by these (a pid alone may be reused).
+    reference_pid = models.PositiveIntegerField(null=True, blank=True)
+    reference_started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

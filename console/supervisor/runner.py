@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import IO
 
 import httpx
-import psutil
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.utils import timezone
@@ -37,6 +36,7 @@ from console.quality.gates import GateRunner
 from console.quality.services import router_hold
 from console.supervisor.models import ManagedProcess
 from console.supervisor.pools import PoolSync
+from console.supervisor.processes import is_same_process, kill_group
 from inference.kv_channels import SharedStorageChannel
 
 log = logging.getLogger("pdserve.supervisor")
@@ -90,9 +90,9 @@ class Supervisor:
         """Mark records a previous supervisor left as alive. Returns how many were fixed."""
         fixed = 0
         for record in ManagedProcess.objects.filter(state__in=ManagedProcess.ALIVE_STATES):
-            if record.pid and _is_our_process(record):
+            if is_same_process(record.pid, record.started_at):
                 # Still running but nobody supervises it: it would hold its ports forever.
-                _kill_group(record.pid, signal.SIGKILL)
+                kill_group(record.pid, signal.SIGKILL)
                 error = "orphaned by a previous supervisor; killed"
             else:
                 error = "process gone when the supervisor started"
@@ -117,11 +117,11 @@ class Supervisor:
             code = child.popen.poll()
             if code is None:
                 if child.stop_deadline is not None and time.monotonic() > child.stop_deadline:
-                    _kill_group(child.popen.pid, signal.SIGKILL)
+                    kill_group(child.popen.pid, signal.SIGKILL)
                 continue
             did = True
             # The leader is gone; make sure no engine subprocess of its group outlives it.
-            _kill_group(child.popen.pid, signal.SIGKILL)
+            kill_group(child.popen.pid, signal.SIGKILL)
             child.capture.join(timeout=5)
             del self.children[record_id]
             if child.stop_deadline is not None:
@@ -362,7 +362,7 @@ class Supervisor:
 
     def _stop(self, child: Child, grace_s: float = STOP_GRACE_S) -> None:
         child.stop_deadline = time.monotonic() + grace_s
-        _kill_group(child.popen.pid, signal.SIGTERM)
+        kill_group(child.popen.pid, signal.SIGTERM)
         ManagedProcess.objects.filter(pk=child.record_id).update(
             state=State.STOPPING, updated=timezone.now()
         )
@@ -373,25 +373,3 @@ class Supervisor:
             return self.http.get(f"{url}/health").status_code == 200
         except httpx.HTTPError:
             return False
-
-
-def _is_our_process(record: ManagedProcess) -> bool:
-    """Whether the record's pid is alive and still the process we started, not a reused pid."""
-    try:
-        process = psutil.Process(record.pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        started = process.create_time()
-    except psutil.NoSuchProcess:
-        return False
-    if record.started_at is None:
-        return False
-    # The record is written just after the spawn, so the process is a little older than it.
-    return abs(started - record.started_at.timestamp()) < 5.0
-
-
-def _kill_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

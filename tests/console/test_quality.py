@@ -4,7 +4,10 @@ The gate against real vLLM workers runs in tests/quality (marker vllm)."""
 
 from __future__ import annotations
 
+import datetime
 import json
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +300,36 @@ def test_a_gate_a_previous_supervisor_left_running_runs_again(mixed: Deployment)
     gate = quality.latest_gate(mixed)
     assert (gate.state, gate.started_at) == ("queued", None)
     assert quality.router_hold(mixed) == "waiting for the output gate"
+
+
+def test_the_reference_server_a_killed_supervisor_left_running_is_killed(mixed: Deployment) -> None:
+    from console.quality.gates import GateRunner
+
+    # Stand-ins for reference servers, each the leader of its own process group as the gate
+    # starts them: one recorded as it is, one whose pid the record names but with another start
+    # time (a pid reused since), which must be left alone.
+    left = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    reused = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        services.start(mixed)
+        gate = quality.latest_gate(mixed)
+        GateResult.objects.filter(pk=gate.pk).update(
+            state="running", started_at=timezone.now(), reference_pid=left.pid,
+            reference_started_at=timezone.now())
+        other = GateResult.objects.create(
+            deployment=mixed, trigger=gate.trigger, state="running", prompts=gate.prompts,
+            min_agreement=gate.min_agreement, max_mean_delta=gate.max_mean_delta,
+            action=gate.action, reference_pid=reused.pid,
+            reference_started_at=timezone.now() - datetime.timedelta(hours=1))
+        assert GateRunner().recover() == 2
+        assert left.wait(timeout=10) == -signal.SIGKILL
+        assert reused.poll() is None
+        for row in GateResult.objects.filter(pk__in=[gate.pk, other.pk]):
+            assert (row.state, row.reference_pid, row.reference_started_at) == ("queued", None, None)
+    finally:
+        for process in (left, reused):
+            process.kill()
+            process.wait()
 
 
 def test_queued_gates_wait_for_every_worker(mixed: Deployment) -> None:
