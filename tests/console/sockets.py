@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 
 def free_port() -> int:
-    # An ephemeral port from the kernel: far from the 8000-8300 range the e2e suite uses.
+    # An ephemeral port from the kernel: clear of the 8000-8400 and 5600-5700 ranges that
+    # deployments and the benchmarks use.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

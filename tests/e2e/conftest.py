@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,13 +19,13 @@ import httpx
 import pytest
 
 from inference.launch import WorkerSpec, build_command
+from tests.console.sockets import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(os.environ.get(
     "PDSERVE_TEST_MODEL_DIR", REPO / "data" / "models" / "smollm2-135m-instruct"
 ))
 ADMIN_PASSWORD = "e2e-admin-password"
-REFERENCE_PORT = 8300
 START_TIMEOUT_S = 420
 
 
@@ -61,15 +60,15 @@ class Stack:
         raise AssertionError(f"deployment not {wanted} after {timeout_s} s: {body}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_http(url: str, timeout_s: float) -> None:
+def _wait_http(url: str, timeout_s: float,
+               process: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait for ``url`` to answer. With ``process``, the one meant to answer: if it exits
+    first, fail at once rather than wait, or talk to whatever else holds the port."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"{url}: the process meant to answer exited with "
+                                 f"{process.returncode} first (see its log)")
         try:
             if httpx.get(url, timeout=1).status_code < 500:
                 return
@@ -94,7 +93,7 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     data_dir = tmp_path_factory.mktemp("pdserve-data")
-    console_port = _free_port()
+    console_port, reference_port = free_port(), free_port()
     env = {
         **os.environ,
         "PDSERVE_DATA_DIR": str(data_dir),
@@ -110,7 +109,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
     # The reference: one plain vLLM server with the same model, dtype and sampling defaults.
     reference_argv, reference_env = build_command(WorkerSpec(
         role="colocated", model_path=str(model_dir), served_model_name="smollm2",
-        port=REFERENCE_PORT, max_model_len=2048, dtype="float32", cpu_cores=(1,),
+        port=reference_port, max_model_len=2048, dtype="float32", cpu_cores=(1,),
         sampling_defaults={"temperature": 0.0}, data_dir=str(data_dir),
     ))
     reference_log = open(data_dir / "reference.log", "wb")  # noqa: SIM115
@@ -121,19 +120,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
                                env=env)
     try:
         console_url = f"http://127.0.0.1:{console_port}"
-        _wait_http(f"{console_url}/login/", 60)
+        _wait_http(f"{console_url}/login/", 60, console)
         token = httpx.post(f"{console_url}/api/v1/auth/token/",
                            data={"username": "admin", "password": ADMIN_PASSWORD}).json()["token"]
         deployments = httpx.get(f"{console_url}/api/v1/deployments/",
                                 headers={"Authorization": f"Token {token}"}).json()["results"]
         default = next(d for d in deployments if d["name"] == "smollm2-1p1d")
         stack = Stack(console=console_url, token=token, deployment_id=default["id"],
-                      router=default["router_url"], reference=f"http://127.0.0.1:{REFERENCE_PORT}",
+                      router=default["router_url"], reference=f"http://127.0.0.1:{reference_port}",
                       data_dir=data_dir, reference_pid=reference.pid)
         with stack.api() as client:
             client.post(f"/api/v1/deployments/{stack.deployment_id}/start").raise_for_status()
         stack.wait_for_state("ready")
-        _wait_http(f"{stack.reference}/health", START_TIMEOUT_S)
+        _wait_http(f"{stack.reference}/health", START_TIMEOUT_S, reference)
         yield stack
     finally:
         console.send_signal(signal.SIGTERM)

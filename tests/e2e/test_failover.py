@@ -24,15 +24,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.launch import WorkerSpec, build_command
+from tests.console.sockets import free_port
 from tests.e2e.conftest import START_TIMEOUT_S, _wait_http
 from tests.e2e.stale_prefill import StaleHandoffPrefill
 from tests.tiny_llama import build_tiny_llama
 
 pytestmark = pytest.mark.vllm
 
-PREFILL_PORTS, DECODE_PORT = (8131, 8132), 8231
-ROUTER_PORT, SHORT_ROUTER_PORT = 8096, 8097
-RECOMPUTE_DECODE_PORT, STALE_PREFILL_PORT, RECOMPUTE_ROUTER_PORT = 8232, 8133, 8098
 SHORT_TIMEOUT_S = 4.0
 PROMPT = "The ledger of the river towns lists " + " ".join(
     f"town {i} with {i * 37 % 900} barrels;" for i in range(60))
@@ -43,12 +41,14 @@ class Failover:
     router: str
     short_router: str
     logs: Path
+    # Ports from the kernel, never fixed ones: another process holding a fixed port (a
+    # benchmark, say) would answer this test's requests in its workers' place.
+    ports: dict[str, int] = field(default_factory=lambda: {
+        name: free_port() for name in ("prefill-a", "prefill-b", "decode")})
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def url(self, name: str) -> str:
-        port = {"prefill-a": PREFILL_PORTS[0], "prefill-b": PREFILL_PORTS[1],
-                "decode": DECODE_PORT}[name]
-        return f"http://127.0.0.1:{port}"
+        return f"http://127.0.0.1:{self.ports[name]}"
 
     def signal(self, name: str, sig: signal.Signals) -> None:
         os.killpg(self.workers[name].pid, sig)
@@ -70,18 +70,19 @@ def failover(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         processes.append(process)
         return process
 
-    stack = Failover(router=f"http://127.0.0.1:{ROUTER_PORT}",
-                     short_router=f"http://127.0.0.1:{SHORT_ROUTER_PORT}", logs=root)
-    for name, role, port, core in (("prefill-a", "prefill", PREFILL_PORTS[0], 0),
-                                   ("prefill-b", "prefill", PREFILL_PORTS[1], 1),
-                                   ("decode", "decode", DECODE_PORT, 1)):
+    router_port, short_router_port = free_port(), free_port()
+    stack = Failover(router=f"http://127.0.0.1:{router_port}",
+                     short_router=f"http://127.0.0.1:{short_router_port}", logs=root)
+    for name, role, core in (("prefill-a", "prefill", 0), ("prefill-b", "prefill", 1),
+                             ("decode", "decode", 1)):
+        port = stack.ports[name]
         argv, env = build_command(WorkerSpec(
             role=role, model_path=str(model), served_model_name="tiny", port=port,
             max_model_len=2048, kv_channel="shared-storage", kv_storage_path=str(kv_dir),
             cpu_cores=(core,), dtype="float32", data_dir=str(root),
         ))
         stack.workers[name] = spawn(name, argv, env)
-    for port, timeout in ((ROUTER_PORT, 60.0), (SHORT_ROUTER_PORT, SHORT_TIMEOUT_S)):
+    for port, timeout in ((router_port, 60.0), (short_router_port, SHORT_TIMEOUT_S)):
         spawn(f"router-{port}", [
             sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
             "--tokenizer", str(model), "--max-model-len", "2048", "--port", str(port),
@@ -92,7 +93,7 @@ def failover(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         ], {})
     try:
         for name in stack.workers:
-            _wait_http(f"{stack.url(name)}/health", START_TIMEOUT_S)
+            _wait_http(f"{stack.url(name)}/health", START_TIMEOUT_S, stack.workers[name])
         for router in (stack.router, stack.short_router):
             wait_healthy(router)
         yield stack
@@ -284,28 +285,29 @@ def test_with_kv_load_failure_recompute_decode_answers_a_stale_hand_off(
     (With the default, `fail`, tests/e2e/test_nixl.py sees a 502 `kv_handoff_failed`.)"""
     root = tmp_path_factory.mktemp("recompute")
     model = build_tiny_llama(model_dir, root / "tiny-llama")
+    decode_port, stale_prefill_port, router_port = free_port(), free_port(), free_port()
     argv, env = build_command(WorkerSpec(
-        role="decode", model_path=str(model), served_model_name="tiny", port=RECOMPUTE_DECODE_PORT,
-        max_model_len=2048, kv_channel="nixl", side_channel_port=5621, cpu_cores=(1,),
+        role="decode", model_path=str(model), served_model_name="tiny", port=decode_port,
+        max_model_len=2048, kv_channel="nixl", side_channel_port=free_port(), cpu_cores=(1,),
         dtype="float32", data_dir=str(root), kv_load_failure="recompute",
     ))
     log = open(root / "decode.log", "wb")  # noqa: SIM115 - closed below
     decode = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log,
                               stderr=subprocess.STDOUT, start_new_session=True)
     # Nothing listens on the announced side channel: the hand-off cannot succeed.
-    stub = StaleHandoffPrefill(STALE_PREFILL_PORT, model, side_port=5699)
+    stub = StaleHandoffPrefill(stale_prefill_port, model, side_port=free_port())
     threading.Thread(target=stub.serve_forever, daemon=True).start()
     router = subprocess.Popen(
         [sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
          "--tokenizer", str(model), "--max-model-len", "2048", "--kv-channel", "nixl",
-         "--port", str(RECOMPUTE_ROUTER_PORT),
-         "--prefill", f"http://127.0.0.1:{STALE_PREFILL_PORT}",
-         "--decode", f"http://127.0.0.1:{RECOMPUTE_DECODE_PORT}"],
+         "--port", str(router_port),
+         "--prefill", f"http://127.0.0.1:{stale_prefill_port}",
+         "--decode", f"http://127.0.0.1:{decode_port}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_http(f"http://127.0.0.1:{RECOMPUTE_DECODE_PORT}/health", START_TIMEOUT_S)
-        wait_healthy(f"http://127.0.0.1:{RECOMPUTE_ROUTER_PORT}")
-        response = httpx.post(f"http://127.0.0.1:{RECOMPUTE_ROUTER_PORT}/v1/completions",
+        _wait_http(f"http://127.0.0.1:{decode_port}/health", START_TIMEOUT_S, decode)
+        wait_healthy(f"http://127.0.0.1:{router_port}")
+        response = httpx.post(f"http://127.0.0.1:{router_port}/v1/completions",
                               timeout=120, json={"model": "tiny", "prompt": PROMPT,
                                                  "max_tokens": 8, "ignore_eos": True})
         assert response.status_code == 200, response.text

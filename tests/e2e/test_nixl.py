@@ -14,25 +14,32 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
 from inference.launch import WorkerSpec, build_command
+from tests.console.sockets import free_port
 from tests.e2e.conftest import START_TIMEOUT_S, Stack, _wait_http
 from tests.e2e.stale_prefill import StaleHandoffPrefill
 from tests.e2e.test_default_deployment import LONG_PROMPT
 
 pytestmark = pytest.mark.vllm
 
-PREFILL_PORT, DECODE_PORT, ROUTER_PORT = 8110, 8210, 8090
-STALE_PREFILL_PORT, STALE_ROUTER_PORT = 8111, 8093
+
+@dataclass(frozen=True)
+class NixlPair:
+    router: str
+    decode: str
+    prefill_side_port: int
+    logs: Path
 
 
 @pytest.fixture(scope="module")
-def nixl_router(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-                ) -> Iterator[tuple[str, Path]]:
+def nixl_pair(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[NixlPair]:
     # NIXL's busy-polling workers need the cores: the default deployment goes first (its last
     # test stops it; stop it here when this file runs alone).
     if stack.deployment()["state"] != "stopped":
@@ -42,8 +49,12 @@ def nixl_router(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPath
     logs = tmp_path_factory.mktemp("nixl")
     processes: list[subprocess.Popen[bytes]] = []
     handles = []
-    for role, port, core, side in (("prefill", PREFILL_PORT, 0, 5610),
-                                   ("decode", DECODE_PORT, 1, 5611)):
+    # Ports from the kernel, never fixed ones: another process holding a fixed port (a
+    # benchmark, say) would answer this test's requests in its workers' place.
+    prefill_port, decode_port, router_port = free_port(), free_port(), free_port()
+    prefill_side, decode_side = free_port(), free_port()
+    for role, port, core, side in (("prefill", prefill_port, 0, prefill_side),
+                                   ("decode", decode_port, 1, decode_side)):
         argv, env = build_command(WorkerSpec(
             role=role, model_path=str(model_dir), served_model_name="smollm2", port=port,
             max_model_len=2048, kv_channel="nixl", side_channel_port=side, cpu_cores=(core,),
@@ -58,15 +69,17 @@ def nixl_router(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPath
     processes.append(subprocess.Popen(
         [sys.executable, "-m", "inference.router", "--served-model-name", "smollm2",
          "--tokenizer", str(model_dir), "--max-model-len", "2048", "--kv-channel", "nixl",
-         "--port", str(ROUTER_PORT), "--prefill", f"http://127.0.0.1:{PREFILL_PORT}",
-         "--decode", f"http://127.0.0.1:{DECODE_PORT}"],
+         "--port", str(router_port), "--prefill", f"http://127.0.0.1:{prefill_port}",
+         "--decode", f"http://127.0.0.1:{decode_port}"],
         stdout=router_log, stderr=subprocess.STDOUT, start_new_session=True))
-    router = f"http://127.0.0.1:{ROUTER_PORT}"
+    pair = NixlPair(router=f"http://127.0.0.1:{router_port}",
+                    decode=f"http://127.0.0.1:{decode_port}", prefill_side_port=prefill_side,
+                    logs=logs)
     try:
-        for port in (PREFILL_PORT, DECODE_PORT):
-            _wait_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT_S)
-        _wait_http(f"{router}/health", 30)
-        yield router, logs
+        for port, process in ((prefill_port, processes[0]), (decode_port, processes[1])):
+            _wait_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT_S, process)
+        _wait_http(f"{pair.router}/health", 30, processes[2])
+        yield pair
     finally:
         for process in processes:
             try:
@@ -78,9 +91,9 @@ def nixl_router(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPath
             handle.close()
 
 
-def test_nixl_pd_output_equals_prefix_cached_single_server(nixl_router: tuple[str, Path],
+def test_nixl_pd_output_equals_prefix_cached_single_server(nixl_pair: NixlPair,
                                                            stack: Stack) -> None:
-    router, logs = nixl_router
+    router, logs = nixl_pair.router, nixl_pair.logs
     body = {"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 24,
             "return_token_ids": True, "temperature": 0}
     pd = httpx.post(f"{router}/v1/completions", json=body, timeout=300,
@@ -98,8 +111,8 @@ def test_nixl_pd_output_equals_prefix_cached_single_server(nixl_router: tuple[st
     assert line["kv"]["remote_num_tokens"] > 256
 
 
-def test_nixl_chat_streams_through_the_router(nixl_router: tuple[str, Path]) -> None:
-    router, logs = nixl_router
+def test_nixl_chat_streams_through_the_router(nixl_pair: NixlPair) -> None:
+    router, logs = nixl_pair.router, nixl_pair.logs
     with httpx.stream("POST", f"{router}/v1/chat/completions", timeout=300, json={
             "model": "smollm2", "stream": True, "max_tokens": 16,
             "messages": [{"role": "user", "content": LONG_PROMPT}]}) as response:
@@ -110,27 +123,28 @@ def test_nixl_chat_streams_through_the_router(nixl_router: tuple[str, Path]) -> 
 
 
 def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
-        nixl_router: tuple[str, Path], model_dir: Path,
+        nixl_pair: NixlPair, model_dir: Path,
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    router, logs = nixl_router
-    stub = StaleHandoffPrefill(STALE_PREFILL_PORT, model_dir, side_port=5610)
+    router, logs = nixl_pair.router, nixl_pair.logs
+    stale_prefill_port, stale_router_port = free_port(), free_port()
+    stub = StaleHandoffPrefill(stale_prefill_port, model_dir, side_port=nixl_pair.prefill_side_port)
     threading.Thread(target=stub.serve_forever, daemon=True).start()
     log = open(tmp_path_factory.mktemp("stale") / "router.log", "wb")  # noqa: SIM115
     stale_router = subprocess.Popen(
         [sys.executable, "-m", "inference.router", "--served-model-name", "smollm2",
          "--tokenizer", str(model_dir), "--max-model-len", "2048", "--kv-channel", "nixl",
-         "--port", str(STALE_ROUTER_PORT), "--prefill", f"http://127.0.0.1:{STALE_PREFILL_PORT}",
-         "--decode", f"http://127.0.0.1:{DECODE_PORT}"],
+         "--port", str(stale_router_port), "--prefill", f"http://127.0.0.1:{stale_prefill_port}",
+         "--decode", nixl_pair.decode],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_http(f"http://127.0.0.1:{STALE_ROUTER_PORT}/health", 30)
+        _wait_http(f"http://127.0.0.1:{stale_router_port}/health", 30, stale_router)
         started = time.monotonic()
-        response = httpx.post(f"http://127.0.0.1:{STALE_ROUTER_PORT}/v1/completions", timeout=120,
+        response = httpx.post(f"http://127.0.0.1:{stale_router_port}/v1/completions", timeout=120,
                               json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
         assert response.status_code == 502, response.text
         error = response.json()["error"]
         assert error["code"] == "kv_handoff_failed"
-        assert f"127.0.0.1:{STALE_PREFILL_PORT}" in error["message"]
+        assert f"127.0.0.1:{stale_prefill_port}" in error["message"]
         assert time.monotonic() - started < 60
     finally:
         os.killpg(stale_router.pid, signal.SIGKILL)
@@ -139,7 +153,7 @@ def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
         stub.shutdown()
         stub.server_close()
     # The decode worker survived the failed load and still serves real hand-offs.
-    assert httpx.get(f"http://127.0.0.1:{DECODE_PORT}/health", timeout=10).status_code == 200
+    assert httpx.get(f"{nixl_pair.decode}/health", timeout=10).status_code == 200
     ok = httpx.post(f"{router}/v1/completions", timeout=300,
                     json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
     assert ok.status_code == 200, f"{ok.text}\n{_worker_trouble(logs)}"
