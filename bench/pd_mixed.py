@@ -34,7 +34,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.pd_serving import start, stop, wait_ready  # noqa: E402
+from bench.pd_serving import require_free_ports, start, stop, wait_ready  # noqa: E402
 from inference.launch import WorkerSpec, build_command  # noqa: E402
 
 SINGLE_PORT, PREFILL_PORT, DECODE_PORT = 8320, 8120, 8220
@@ -165,6 +165,7 @@ def main() -> int:
     # A plain `kill` must still stop the workers (the `finally` blocks below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.model = str(Path(args.model).resolve())
+    require_free_ports(SINGLE_PORT, PREFILL_PORT, DECODE_PORT, NAIVE_PORT, ADAPTIVE_PORT)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="pd-mixed-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}

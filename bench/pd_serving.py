@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -82,6 +83,27 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def require_free_ports(*ports: int) -> None:
+    """Exit naming the holder if any of ``ports`` is taken: its server would answer the
+    benchmark's health checks and requests in place of the workers started here."""
+    taken = []
+    for port in ports:
+        with socket.socket() as sock:
+            # As servers bind: a port in TIME_WAIT is free, a listening one is not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                holders = {f"pid {c.pid} ({' '.join(psutil.Process(c.pid).cmdline()[:4])})"
+                           for c in psutil.net_connections("tcp")
+                           if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                           and c.pid}
+                taken.append(f"{port}: {', '.join(sorted(holders)) or 'held'}")
+    if taken:
+        sys.exit("ports in use, stop what holds them first (a `make up` deployment, another "
+                 "benchmark):\n  " + "\n  ".join(taken))
 
 
 def wait_ready(url: str, timeout_s: float = 400) -> None:
@@ -244,6 +266,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     args.model = str(Path(args.model).resolve())
+    require_free_ports(PREFILL_PORT, DECODE_PORT, ROUTER_PORT, SINGLE_PORT, *SIDE_PORTS)
     # Distinct prompts so no TTFT is a prefix-cache hit.
     prompts = [long_prompt(args.model, args.prompt_tokens, f"Ledger {n}.") for n in range(args.repeats)]
     fixed = long_prompt(args.model, args.prompt_tokens, "Ledger fixed.")
