@@ -118,6 +118,14 @@ def wait_healthy(router: str, timeout_s: float = 30) -> None:
     raise AssertionError(f"{router} not healthy after {timeout_s} s")
 
 
+def in_flight(failover: Failover, name: str) -> int:
+    """Requests the router has in flight on worker ``name``, from its /health."""
+    health = httpx.get(f"{failover.router}/health", timeout=5).json()
+    role = "decode" if name == "decode" else "prefill"
+    [member] = [b for b in health["roles"][role]["backends"] if b["url"] == failover.url(name)]
+    return int(member["in_flight"])
+
+
 def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     total = 0.0
@@ -229,6 +237,14 @@ def test_a_prefill_killed_under_load_is_retried_on_the_other_and_no_request_fail
     for thread in threads:
         thread.start()
     time.sleep(2)
+    # Freeze it first, so that a request is surely in flight on it when it dies: the tiny
+    # model prefills in milliseconds, and a bare kill can land while it holds none (then
+    # nothing is retried, and the retry is what this test is about).
+    failover.signal("prefill-a", signal.SIGSTOP)
+    frozen = time.monotonic()
+    while in_flight(failover, "prefill-a") == 0:
+        assert time.monotonic() - frozen < 10, "no request reached the frozen prefill worker"
+        time.sleep(0.02)
     failover.signal("prefill-a", signal.SIGKILL)
     killed = time.monotonic()
     out_within = None
