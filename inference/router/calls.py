@@ -3,8 +3,10 @@ prefill makes, and what a failed call tells the pool (passive health, the circui
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -49,45 +51,55 @@ class WorkerCalls:
             raise RequestTimedOut()
         return aiohttp.ClientTimeout(total=remaining, sock_connect=self.config.connect_timeout_s)
 
-    async def call_json(self, backend: Backend, path: str, body: dict[str, Any],
-                        timeline: Timeline) -> dict[str, Any]:
-        request_id = timeline.request_id
+    @contextlib.asynccontextmanager
+    async def post(self, backend: Backend, path: str, timeline: Timeline, *, retriable: bool,
+                   **request: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST to ``backend`` within what is left of the request's budget, counted in flight
+        while it lasts. A connection-level failure, whenever it happens inside the block,
+        tells passive health and becomes BackendFailure (``retriable`` if nothing reached the
+        client and the failure is worth another try)."""
         timeout = self.budget(timeline)
         backend.acquire()
         try:
-            async with backend.client().post(
-                path, json=body, headers={"X-Request-Id": request_id},
-                timeout=timeout,
-            ) as upstream:
-                payload = await upstream.read()
-                if upstream.status >= 500:
-                    # A server error before any token (a crashed engine, an internal error):
-                    # worth trying on another worker; the worker itself may well be healthy.
-                    self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}").inc()
-                    self.call_failed(backend)
-                    raise BackendFailure(backend.role, backend,
-                                         f"answered {upstream.status}: {upstream_message(payload)}",
-                                         retriable=True)
-                if upstream.status != 200:
-                    raise UpstreamError(relay(upstream.status, payload, upstream, request_id))
-                try:
-                    data = json.loads(payload)
-                except ValueError:
-                    data = None
-                if not isinstance(data, dict):
-                    raise UpstreamError(error_response(
-                        502, f"{backend.role} worker {backend.url} answered 200 without a JSON "
-                        "object", request_id, code=f"{backend.role}_bad_response"))
-                backend.call_succeeded()
-                return data
+            async with backend.client().post(path, timeout=timeout, **request) as upstream:
+                yield upstream
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
             self.backend_failed(backend, exc)
             raise BackendFailure(backend.role, backend, describe(exc),
-                                 retriable=worth_another_try(exc),
+                                 retriable=retriable and worth_another_try(exc),
                                  timed_out=ran_out_of_time(exc)) from exc
         finally:
             backend.release()
+
+    async def call_json(self, backend: Backend, path: str, body: dict[str, Any],
+                        timeline: Timeline) -> dict[str, Any]:
+        """A call whose whole answer the router reads (prefill): its JSON object, or
+        BackendFailure (retriable) for a 5xx, or UpstreamError carrying the answer to relay."""
+        request_id = timeline.request_id
+        async with self.post(backend, path, timeline, retriable=True, json=body,
+                             headers={"X-Request-Id": request_id}) as upstream:
+            payload = await upstream.read()
+            if upstream.status >= 500:
+                # A server error before any token (a crashed engine, an internal error):
+                # worth trying on another worker; the worker itself may well be healthy.
+                self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}").inc()
+                self.call_failed(backend)
+                raise BackendFailure(backend.role, backend,
+                                     f"answered {upstream.status}: {upstream_message(payload)}",
+                                     retriable=True)
+            if upstream.status != 200:
+                raise UpstreamError(relay(upstream.status, payload, upstream, request_id))
+            try:
+                data = json.loads(payload)
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                raise UpstreamError(error_response(
+                    502, f"{backend.role} worker {backend.url} answered 200 without a JSON "
+                    "object", request_id, code=f"{backend.role}_bad_response"))
+            backend.call_succeeded()
+            return data
 
     def backend_failed(self, backend: Backend, exc: BaseException) -> None:
         self.metrics.backend_errors.labels(backend.role, type(exc).__name__).inc()

@@ -17,10 +17,8 @@ from inference.router.metrics import RouterMetrics
 from inference.router.prompts import ParsedRequest
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
-    BackendFailure,
     describe,
     error_response,
-    ran_out_of_time,
     relay,
     sse_error,
     stream_usage_counts,
@@ -41,43 +39,34 @@ class Forwarder:
         """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
         ``handoff_from``: the prefill worker whose KV cache decode must load."""
         request_id = timeline.request_id
-        timeout = self.calls.budget(timeline)
         backend = self.calls.pick(role, parsed)
         if role == "decode":
             timeline.decode = backend.url
         elif role == "prefill":
             timeline.prefill = backend.url
         timeline.mark("decode_dispatched")
-        backend.acquire()
-        try:
-            async with backend.client().post(
-                PATHS[parsed.endpoint], data=body,
-                headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
-                timeout=timeout,
-            ) as upstream:
-                if upstream.status != 200 or not parsed.stream:
-                    payload = await upstream.read()
-                    if upstream.status >= 500 and handoff_from is not None:
-                        return self._handoff_failed(backend, handoff_from, upstream.status, payload,
-                                                    timeline)
-                    if upstream.status >= 500:
-                        self.calls.call_failed(backend)
-                    elif upstream.status == 200:
-                        backend.call_succeeded()
-                    self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
-                        timeline.since_arrival())
-                    timeline.mark("first_token")
-                    timeline.mark("last_token")
-                    if upstream.status == 200:
-                        timeline.prompt_tokens, timeline.completion_tokens = usage_counts(payload)
-                    return relay(upstream.status, payload, upstream, request_id)
-                return await self._stream(request, role, parsed, backend, upstream, timeline)
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            self.calls.backend_failed(backend, exc)
-            raise BackendFailure(role, backend, describe(exc),
-                                 timed_out=ran_out_of_time(exc)) from exc
-        finally:
-            backend.release()
+        # Not retriable: a failure here may come after chunks reached the client.
+        async with self.calls.post(
+            backend, PATHS[parsed.endpoint], timeline, retriable=False, data=body,
+            headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
+        ) as upstream:
+            if upstream.status != 200 or not parsed.stream:
+                payload = await upstream.read()
+                if upstream.status >= 500 and handoff_from is not None:
+                    return self._handoff_failed(backend, handoff_from, upstream.status, payload,
+                                                timeline)
+                if upstream.status >= 500:
+                    self.calls.call_failed(backend)
+                elif upstream.status == 200:
+                    backend.call_succeeded()
+                self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
+                    timeline.since_arrival())
+                timeline.mark("first_token")
+                timeline.mark("last_token")
+                if upstream.status == 200:
+                    timeline.prompt_tokens, timeline.completion_tokens = usage_counts(payload)
+                return relay(upstream.status, payload, upstream, request_id)
+            return await self._stream(request, role, parsed, backend, upstream, timeline)
 
     async def _stream(self, request: web.Request, role: str, parsed: ParsedRequest,
                       backend: Backend, upstream: aiohttp.ClientResponse,
