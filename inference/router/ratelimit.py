@@ -73,7 +73,6 @@ class Ticket:
     reserved: int  # generated tokens reserved; 0 when the key has no such limit
     window: int  # the minute the reservation was counted in
     prompt_charged: int = 0  # prompt tokens counted; 0 when the key has no such limit
-    prompt_estimated: bool = False  # prompt_charged is an estimate, to settle on the exact count
 
 
 class Store(Protocol):
@@ -289,18 +288,17 @@ class RateLimiter:
         if not limits.any:
             return None
         charged = prompt_tokens if limits.prompt_tokens_per_minute else 0
-        estimated = bool(charged) and exact_prompt_tokens is not None
         refused, value, store, costs, lease = await self._try(key, charged, max_tokens)
-        if refused == 2 and estimated and exact_prompt_tokens is not None:
+        if refused == 2 and exact_prompt_tokens is not None:
             # Nothing was counted by the refusal (all limits or none), so try again exactly.
             exact = exact_prompt_tokens()
             if exact != charged:
-                charged, estimated = exact, False
+                charged = exact
                 refused, value, store, costs, lease = await self._try(key, charged, max_tokens)
         if refused:
             key.usage.rate_limited += 1
             raise Refused(LIMIT_LABELS[refused - 1], max(1, value), _message(limits, refused, costs))
-        return Ticket(key, store, lease, costs[2][1], value, charged, estimated)
+        return Ticket(key, store, lease, costs[2][1], value, charged)
 
     async def _try(self, key: ApiKey, prompt_tokens: int, max_tokens: int | None
                    ) -> tuple[int, int, Store, tuple[tuple[int, int], ...], str | None]:

@@ -198,16 +198,15 @@ class Router:
 
     async def _admit(self, key: ApiKey, parsed: ParsedRequest) -> Ticket | None:
         prompt = parsed.prompt
-        exact = prompt.known_length
-        if exact is not None or not key.limits.prompt_tokens_per_minute:
-            ticket = await self.limiter.admit(key, exact or 0, parsed.max_tokens)
-        else:
+        if prompt.known_length is None and key.limits.prompt_tokens_per_minute:
             # Tokenizing the prompt would cost the router more than the rest of the request:
             # charge an estimate now and the exact count in _settle, where vLLM's usage or the
             # PD hand-off has usually brought it for free.
             ticket = await self.limiter.admit(key, self.chars_per_token.estimate(prompt.text),
                                               parsed.max_tokens,
                                               exact_prompt_tokens=lambda: len(prompt.token_ids))
+        else:
+            ticket = await self.limiter.admit(key, prompt.known_length or 0, parsed.max_tokens)
         self.metrics.key_requests.labels(key.label).inc()
         return ticket
 
@@ -217,9 +216,9 @@ class Router:
         generated = generated_estimate(timeline.completion_tokens, timeline.stream_chunks,
                                        timeline.endpoint)
         prompt_tokens = timeline.prompt_tokens
-        if prompt_tokens is None and ticket is not None and ticket.prompt_estimated:
-            # A streamed answer without usage: count now, after its last chunk, not before
-            # its first.
+        if prompt_tokens is None and ticket is not None and ticket.prompt_charged:
+            # The charge was an estimate (an exact count would be known) and the answer brought
+            # no usage (a stream that did not ask for it): count now, after its last chunk.
             prompt_tokens = len(parsed.prompt_token_ids)
         if prompt_tokens is not None and parsed.prompt.text:
             self.chars_per_token.observe(len(parsed.prompt.text), prompt_tokens)
