@@ -123,6 +123,17 @@ def tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+def rss_mb(processes: list[psutil.Process]) -> float:
+    """Resident memory of ``processes`` together; one that has exited counts nothing."""
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
 def idle_cpu_and_rss(
     pids: dict[str, int], seconds: float = 10.0
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -132,7 +143,7 @@ def idle_cpu_and_rss(
             proc.cpu_percent(None)
     time.sleep(seconds)
     cpu = {name: sum(p.cpu_percent(None) for p in procs) for name, procs in trees.items()}
-    rss = {name: sum(p.memory_info().rss for p in procs) / 2**20 for name, procs in trees.items()}
+    rss = {name: rss_mb(procs) for name, procs in trees.items()}
     return cpu, rss
 
 

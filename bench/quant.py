@@ -37,12 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.pd_serving import stop, wait_ready  # noqa: E402
+from bench.pd_serving import rss_mb, stop, tree, wait_ready  # noqa: E402
 from inference.launch import WorkerSpec, build_command  # noqa: E402
 from inference.output_gate import (  # noqa: E402
     ReferenceAnswer,
@@ -92,21 +91,6 @@ def build(model: Path, work: Path, name: str, quant_python: str) -> tuple[Path, 
     times[name] = round(elapsed, 1)
     times_file.write_text(json.dumps(times, indent=2))
     return out, elapsed
-
-
-def tree_rss_mb(pid: int) -> float:
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return float("nan")
-    total = 0
-    for process in processes:
-        try:
-            total += process.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total / 2**20
 
 
 def concurrent_tps(url: str, model: str, streams: int, tokens: int = DECODE_TOKENS) -> float:
@@ -214,7 +198,7 @@ def measure(name: str, url: str, pids: dict[str, int], answers: list[ReferenceAn
             answers = reference_answers(client, url, load_prompts(8), ANSWER_TOKENS)
         score = score_candidate(client, name, scoring, answers)
         greedy = greedy_reproduced(client, url, model, answers)
-    rss = ", ".join(f"{role} {tree_rss_mb(pid):,.0f}" for role, pid in pids.items())
+    rss = ", ".join(f"{role} {rss_mb(tree(pid)):,.0f}" for role, pid in pids.items())
     return Row(name, p512, p1024, d1, d16, ppl, score.agreement, score.mean_abs_delta, greedy, rss,
                build_s), answers
 
