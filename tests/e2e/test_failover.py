@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -118,12 +119,12 @@ def wait_healthy(router: str, timeout_s: float = 30) -> None:
     raise AssertionError(f"{router} not healthy after {timeout_s} s")
 
 
-def in_flight(failover: Failover, name: str) -> int:
-    """Requests the router has in flight on worker ``name``, from its /health."""
+def member(failover: Failover, name: str) -> dict[str, Any]:
+    """Worker ``name`` as the router's /health lists it (ready, in_flight, error)."""
     health = httpx.get(f"{failover.router}/health", timeout=5).json()
     role = "decode" if name == "decode" else "prefill"
-    [member] = [b for b in health["roles"][role]["backends"] if b["url"] == failover.url(name)]
-    return int(member["in_flight"])
+    [found] = [b for b in health["roles"][role]["backends"] if b["url"] == failover.url(name)]
+    return dict(found)
 
 
 def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
@@ -242,17 +243,14 @@ def test_a_prefill_killed_under_load_is_retried_on_the_other_and_no_request_fail
     # nothing is retried, and the retry is what this test is about).
     failover.signal("prefill-a", signal.SIGSTOP)
     frozen = time.monotonic()
-    while in_flight(failover, "prefill-a") == 0:
+    while member(failover, "prefill-a")["in_flight"] == 0:
         assert time.monotonic() - frozen < 10, "no request reached the frozen prefill worker"
         time.sleep(0.02)
     failover.signal("prefill-a", signal.SIGKILL)
     killed = time.monotonic()
     out_within = None
     while time.monotonic() - killed < 5:
-        health = httpx.get(f"{failover.router}/health", timeout=5).json()
-        [member] = [b for b in health["roles"]["prefill"]["backends"]
-                    if b["url"] == failover.url("prefill-a")]
-        if not member["ready"]:
+        if not member(failover, "prefill-a")["ready"]:
             out_within = time.monotonic() - killed
             break
         time.sleep(0.05)
