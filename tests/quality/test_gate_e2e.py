@@ -201,21 +201,24 @@ def test_mixed_w8a8_w4a16_pair_hands_kv_over_nixl_with_the_path_check_off(
     assert checks["nixl.compat"]["status"] == "warning"
     assert stack.call("PATCH", path, json={"gate": {"mode": "off"}}).status_code == 200
     assert stack.call("POST", f"{path}start").status_code == 202
-    deployment = stack.wait(path, lambda d: d["state"] == "ready")
-    for worker in ("prefill-0", "decode-0"):
-        header = (stack.data_dir / "logs" / "tiny-mixed" / f"{worker}.log").read_text()
-        config = json.loads(header.split("--kv-transfer-config ", 1)[1].split(None, 1)[0])
-        assert config["kv_connector"] == "NixlConnector"
-        assert config["kv_connector_extra_config"]["enforce_handshake_compat"] is False
-    response = httpx.post(f"{deployment['router_url']}/v1/completions", timeout=120,
-                          headers={"X-Request-Id": "gate-nixl"},
-                          json={"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 8})
-    assert response.status_code == 200, response.text
-    # Prefill (W8A8) named its engine and blocks: decode (W4A16) pulled them through NIXL.
-    assert re.search(r'"remote_engine_id": ?"[^"]+"', router_log_line(stack, "gate-nixl"))
-    page = stack.session.get("/deployments/tiny-mixed/").text
-    assert "switches NIXL&#x27;s compatibility check off" in page
-    stop(stack, plan["id"])
+    # Stopped whatever happens: the next tests edit and start the same plan.
+    try:
+        deployment = stack.wait(path, lambda d: d["state"] == "ready")
+        for worker in ("prefill-0", "decode-0"):
+            header = (stack.data_dir / "logs" / "tiny-mixed" / f"{worker}.log").read_text()
+            config = json.loads(header.split("--kv-transfer-config ", 1)[1].split(None, 1)[0])
+            assert config["kv_connector"] == "NixlConnector"
+            assert config["kv_connector_extra_config"]["enforce_handshake_compat"] is False
+        response = httpx.post(f"{deployment['router_url']}/v1/completions", timeout=120,
+                              headers={"X-Request-Id": "gate-nixl"},
+                              json={"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 8})
+        assert response.status_code == 200, response.text
+        # Prefill (W8A8) named its engine and blocks: decode (W4A16) pulled them through NIXL.
+        assert re.search(r'"remote_engine_id": ?"[^"]+"', router_log_line(stack, "gate-nixl"))
+        page = stack.session.get("/deployments/tiny-mixed/").text
+        assert "switches NIXL&#x27;s compatibility check off" in page
+    finally:
+        stop(stack, plan["id"])
 
 
 def test_the_gate_passes_before_the_router_starts(stack: GateStack, plan: dict[str, Any]) -> None:
