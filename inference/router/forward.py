@@ -5,6 +5,7 @@ failed KV hand-off and a mid-stream failure each told to the client as what they
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +18,7 @@ from inference.router.metrics import RouterMetrics
 from inference.router.prompts import ParsedRequest
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
+    BackendFailure,
     describe,
     error_response,
     relay,
@@ -25,6 +27,8 @@ from inference.router.upstream import (
     upstream_message,
     usage_counts,
 )
+
+log = logging.getLogger("pdserve.router")
 
 
 class Forwarder:
@@ -38,13 +42,32 @@ class Forwarder:
                       handoff_from: str | None = None) -> web.StreamResponse:
         """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
         ``handoff_from``: the prefill worker whose KV cache decode must load."""
-        request_id = timeline.request_id
         backend = self.calls.pick(role, parsed)
+        try:
+            return await self._call(request, role, parsed, backend, body, timeline, handoff_from)
+        except BackendFailure as failure:
+            if not failure.unsent:
+                raise
+            first = failure
+        again = self.calls.pick_again(role, parsed, first)
+        if again is None:
+            raise first
+        self.metrics.retries.labels(role).inc()
+        log.warning("request %s: %s; retrying on %s", timeline.request_id, first, again.url)
+        timeline.retried_from = backend.url
+        timeline.mark(f"{role}_retried")
+        return await self._call(request, role, parsed, again, body, timeline, handoff_from)
+
+    async def _call(self, request: web.Request, role: str, parsed: ParsedRequest,
+                    backend: Backend, body: bytes, timeline: Timeline,
+                    handoff_from: str | None) -> web.StreamResponse:
+        request_id = timeline.request_id
         if role == "decode":
             timeline.decode = backend.url
         elif role == "prefill":
             timeline.prefill = backend.url
-        timeline.mark("decode_dispatched")
+        # The first dispatch: a retry is marked as such after it.
+        timeline.mark_once("decode_dispatched")
         # Not retriable: a failure here may come after chunks reached the client.
         async with self.calls.post(
             backend, PATHS[parsed.endpoint], timeline, retriable=False, data=body,
@@ -98,7 +121,8 @@ class Forwarder:
                     self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
                         timeline.since_arrival())
                     timeline.mark("first_token")
-                    if self.placer is not None and timeline.kv.get("local_prefill"):
+                    if (self.placer is not None and timeline.kv.get("local_prefill")
+                            and timeline.retried_from is None):
                         # The prompt's prefill on decode, plus the wait for the worker's step
                         # in progress: what its streams paused for.
                         self.placer.local_speed.observe(

@@ -154,12 +154,11 @@ class PrefillStage:
 
     async def _retry(self, parsed: ParsedRequest, body: dict[str, Any],
                      failure: BackendFailure, timeline: Timeline) -> dict[str, Any]:
-        """Once, on another ready prefill worker. Safe: the client has received nothing yet,
-        and a one-token prefill has no effect a second run could repeat."""
+        """Once, where WorkerCalls.pick_again says. Safe: the client has
+        received nothing yet, and a one-token prefill has no effect a second run could repeat."""
         first = failure.backend
-        try:
-            backend = self.calls.pick("prefill", parsed, exclude=first)
-        except NoBackendAvailable:
+        backend = self.calls.pick_again("prefill", parsed, failure)
+        if backend is None:
             raise BackendFailure("prefill", first,
                                  f"{failure.detail}; no other ready prefill worker to retry on"
                                  ) from failure

@@ -14,7 +14,7 @@ from typing import Any
 
 # Steps in the order they happen; each is stored as ms since the request arrived.
 EVENTS = ("received", "prefill_queued", "prefill_dispatched", "prefill_retried", "prefill_done",
-          "decode_dispatched", "first_token", "last_token")
+          "decode_dispatched", "decode_retried", "first_token", "last_token")
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Timeline:
     events: dict[str, float] = field(default_factory=dict)
     prefill: str | None = None
     decode: str | None = None
-    # The prefill worker that failed before `prefill` was tried instead.
+    # The worker that failed before the one named in `prefill` (or `decode`) was tried instead.
     retried_from: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

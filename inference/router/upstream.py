@@ -18,7 +18,7 @@ class BackendFailure(Exception):
     the client and the call can be repeated elsewhere."""
 
     def __init__(self, role: str, backend: Backend, detail: str, retriable: bool = False,
-                 timed_out: bool = False):
+                 timed_out: bool = False, unsent: bool = False):
         super().__init__(f"{role} worker {backend.url} failed: {detail}")
         self.role = role
         self.backend = backend
@@ -26,6 +26,8 @@ class BackendFailure(Exception):
         self.retriable = retriable
         # The request's overall time budget ran out during this call.
         self.timed_out = timed_out
+        # No connection was made: the worker never saw the request.
+        self.unsent = unsent
 
 
 class RequestTimedOut(Exception):
@@ -109,6 +111,12 @@ def worth_another_try(exc: BaseException) -> bool:
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return True
     return not isinstance(exc, TimeoutError)
+
+
+def never_sent(exc: BaseException) -> bool:
+    """The connection itself failed (refused, unreachable, connect timeout): nothing of the
+    request reached the worker."""
+    return isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
 
 
 def ran_out_of_time(exc: BaseException) -> bool:

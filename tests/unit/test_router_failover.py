@@ -1,9 +1,10 @@
 """Failover: a prefill that fails before any token is retried once on another prefill worker;
-a KV hand-off that decode cannot load ends in a clear error, not a hang.
+a call the worker never received (refused, connect timeout) is retried once, decode included; a
+KV hand-off that decode cannot load ends in a clear error, not a hang.
 
 Stub workers stand in for vLLM here because these are faults vLLM cannot be made to produce on
-demand: a worker that resets the connection mid-answer, a 500 at a chosen moment, a decode that
-rejects the KV it was offered (real vLLM does that after ~5 s for stale transfer params).
+demand: a worker that resets the connection mid-answer, a 500 at a chosen moment, a port that
+listens but never accepts, a decode that rejects the KV it was offered (real vLLM does that after ~5 s for stale transfer params).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -264,3 +266,97 @@ async def test_the_breaker_takes_out_a_worker_whose_calls_fail_while_its_health_
     await running.client.post("/v1/completions", json=COMPLETION)
     await running.client.post("/v1/completions", json=COMPLETION)
     assert len(broken.requests) == 4 and not member.healthy
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("mode", ["pd", "colocated"])
+async def test_a_worker_the_request_never_reached_is_passed_over_for_another(
+        start_router: StartRouter, make_stub: MakeStub, caplog: pytest.LogCaptureFixture,
+        mode: str, stream: bool) -> None:
+    caplog.set_level(logging.INFO, logger="pdserve.router.timeline")
+    first, second = await make_stub("first"), await make_stub("second")
+    first_url = first.url
+    role = "decode" if mode == "pd" else "colocated"
+    if mode == "pd":
+        prefill = await make_stub("prefill")
+        running = await start_router(prefill=(prefill.url,), decode=(first_url, second.url),
+                                     kv_channel="nixl", health_interval_s=30.0)
+    else:
+        running = await start_router(colocated=(first_url, second.url), health_interval_s=30.0)
+    await first.close()  # refused from now on; the router has not probed since
+    response = await running.client.post("/v1/completions", json={**COMPLETION, "stream": stream})
+    assert response.status == 200, await response.text()
+    body = await response.text()
+    assert "second" in body and "error" not in body
+    assert len(second.requests) == 1
+    if mode == "pd":
+        # One prefill: its KV lease still holds, and the second decode is offered the same KV.
+        assert len(prefill.requests) == 1
+        assert second.requests[0].body["kv_transfer_params"]["remote_engine_id"] == "stub-prefill-engine"
+    assert await running.metric(RETRIES, {"role": role}) == 1
+    assert not running.router.pools[role].backends[0].healthy
+    [line] = [json.loads(r.getMessage().removeprefix("timeline ")) for r in caplog.records
+              if r.name == "pdserve.router.timeline"]
+    assert line["retried_from"] == first_url and line["status"] == 200
+    assert line["events_ms"]["decode_dispatched"] <= line["events_ms"][f"{role}_retried"]
+
+
+async def test_a_lone_worker_that_refuses_is_503_without_a_retry(
+        start_router: StartRouter, make_stub: MakeStub) -> None:
+    prefill, decode = await make_stub("prefill"), await make_stub("decode")
+    decode_url = decode.url
+    running = await start_router(prefill=(prefill.url,), decode=(decode_url,),
+                                 kv_channel="nixl", health_interval_s=30.0)
+    await decode.close()
+    response = await running.client.post("/v1/completions", json=COMPLETION)
+    assert response.status == 503
+    error = (await response.json())["error"]
+    assert error["code"] == "decode_unavailable" and decode_url in error["message"]
+    assert await running.metric(RETRIES, {"role": "decode"}) == 0
+
+
+def unaccepting_listener(port: int) -> list[socket.socket]:
+    """A socket on ``port`` that listens but never accepts, its queue filled, so that a new
+    connection times out instead of being refused: a host too loaded to answer a SYN. Not
+    something vLLM can be made to do on demand."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(0)
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    time.sleep(0.1)
+    return [listener, *fillers]
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+async def test_a_connect_timeout_on_a_lone_worker_still_up_is_tried_once_more_on_it(
+        start_router: StartRouter, make_stub: MakeStub, role: str) -> None:
+    stubs = {"prefill": await make_stub("prefill"), "decode": await make_stub("decode")}
+    running = await start_router(prefill=(stubs["prefill"].url,), decode=(stubs["decode"].url,),
+                                 kv_channel="nixl", health_interval_s=30.0, connect_timeout_s=0.3)
+    stalled = stubs[role]
+    url = stalled.url
+    port = stalled.server.port if stalled.server is not None else 0
+    await stalled.close()
+    sockets = unaccepting_listener(port)
+    try:
+        started = time.monotonic()
+        response = await running.client.post("/v1/completions", json=COMPLETION)
+        elapsed = time.monotonic() - started
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert response.status == 503, await response.text()
+    error = (await response.json())["error"]
+    assert error["code"] == f"{role}_unavailable"
+    assert url in error["message"] and "timed out" in error["message"]
+    # Two connect timeouts, not one and not the request's 10 s budget.
+    assert 0.6 <= elapsed < 3
+    assert await running.metric(RETRIES, {"role": role}) == 1
+    # A connect timeout alone does not take the worker out: the probe decides that.
+    assert running.router.pools[role].backends[0].healthy
