@@ -37,10 +37,14 @@ def test_the_progress_bar_moves_without_a_reload(page: Page) -> None:
 
     values: list[float] = []
     for _ in range(600):
-        value = float(row.locator("progress").get_attribute("value") or 0)
-        if not values or value != values[-1]:
-            values.append(value)
-        if row.get_attribute("data-state") not in ("queued", "running"):
+        # One snapshot of value and state: read apart, a refresh landing between the two reads
+        # pairs an old value with the final state.
+        value, state = row.evaluate(
+            "r => [r.querySelector('progress').getAttribute('value'), r.dataset.state]"
+        )
+        if not values or float(value or 0) != values[-1]:
+            values.append(float(value or 0))
+        if state not in ("queued", "running"):
             break
         page.wait_for_timeout(100)
     expect(row).to_have_attribute("data-state", "succeeded")
