@@ -4,7 +4,8 @@ KV hand-off that decode cannot load ends in a clear error, not a hang.
 
 Stub workers stand in for vLLM here because these are faults vLLM cannot be made to produce on
 demand: a worker that resets the connection mid-answer, a 500 at a chosen moment, a port that
-listens but never accepts, a decode that rejects the KV it was offered (real vLLM does that after ~5 s for stale transfer params).
+listens but never accepts, a decode that rejects the KV it was offered (real vLLM does that
+after ~5 s for stale transfer params).
 """
 
 from __future__ import annotations
