@@ -12,7 +12,7 @@ from console.checks.runner import enforce_handshake_compat
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.router_admin import admin_token
 from console.gateway.services import write_keys_file
-from inference.kv_channels import KVChannel, make_channel
+from inference.kv_channels import KVChannel, make_channel, uses_transfer_params
 from inference.launch import WorkerSpec, build_command
 
 
@@ -95,6 +95,12 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
                  "--decode-policy", deployment.decode_policy,
                  "--pd-policy", deployment.pd_policy,
                  "--stall-budget-ms", str(deployment.stall_budget_ms)]
+        if uses_transfer_params(deployment.kv_channel):
+            # vLLM connects a NIXL pair on its first hand-off; the router makes that one
+            # itself (two blocks, so that a whole block moves) before it reports healthy.
+            warmup = min(2 * transfer_block_tokens(deployment, workers),
+                         deployment.max_model_len - 1)
+            argv += ["--kv-warmup-tokens", str(warmup)]
     for role, flag in (("prefill", "--prefill"), ("decode", "--decode"), ("colocated", "--colocated")):
         for worker in by_role.get(role, []):
             argv += [flag, worker.url]

@@ -7,7 +7,7 @@ import argparse
 import os
 from dataclasses import dataclass, field, fields
 
-from inference.kv_channels import CHANNEL_NAMES
+from inference.kv_channels import CHANNEL_NAMES, uses_transfer_params
 from inference.router.keys import load_key_file
 from inference.router.policies import POLICY_NAMES
 from inference.router.redis_client import parse_url
@@ -56,6 +56,10 @@ class RouterConfig:
     # connections) take a worker out for the cool-down, even if its /health still passes.
     breaker_failures: int = 5
     breaker_cooldown_s: float = 10.0
+    # NIXL: before client traffic, hand off a prompt of this many tokens once per ready
+    # prefill/decode pair, so no client request pays vLLM's lazy first handshake (see
+    # inference/router/warmup.py); /health waits for one warm pair. 0: off.
+    kv_warmup_tokens: int = 0
     # Bearer token of the admin API (/admin/*); None switches the admin API off.
     admin_token: str | None = field(default=None, repr=False)
     # Inference keys (hashes, scopes, limits) the console wrote; see inference/router/keys.py.
@@ -78,6 +82,13 @@ class RouterConfig:
             raise ValueError(f"--max-model-len: must be positive, got {self.max_model_len}")
         if self.local_prefill_max_tokens < 0:
             raise ValueError("--local-prefill-max-tokens: must be 0 or more")
+        if self.kv_warmup_tokens:
+            if self.kv_warmup_tokens < 0 or self.kv_warmup_tokens >= self.max_model_len:
+                raise ValueError("--kv-warmup-tokens: must be 0 (off) or from 1 to "
+                                 f"--max-model-len - 1 ({self.max_model_len - 1})")
+            if self.mode != "pd" or not uses_transfer_params(self.kv_channel):
+                raise ValueError("--kv-warmup-tokens: needs PD mode and a KV channel whose "
+                                 "workers hand over transfer parameters (--kv-channel nixl)")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--port: {self.port} is outside 1-65535")
         for flag, policy in (("--prefill-policy", self.prefill_policy),
@@ -164,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="KV block size of the workers, in tokens (for prefix_aware)")
     parser.add_argument("--prefix-blocks", type=int, default=_default("prefix_blocks"),
                         help="prefix_aware routes by a hash of this many whole blocks of the prompt")
+    parser.add_argument("--kv-warmup-tokens", type=int, default=_default("kv_warmup_tokens"),
+                        help="NIXL: hand off a prompt of this many tokens once per prefill/decode "
+                             "pair before serving, so that no client request pays the first "
+                             "handshake; /health waits for one warm pair (0: off)")
     parser.add_argument("--keys-file", default=_default("keys_file"),
                         help="JSON file of the inference keys (hashes, states, limits) the console "
                              "writes; later changes arrive through PUT /admin/keys")
@@ -198,6 +213,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         breaker_cooldown_s=args.breaker_cooldown_s,
         prefix_block_size=args.prefix_block_size,
         prefix_blocks=args.prefix_blocks,
+        kv_warmup_tokens=args.kv_warmup_tokens,
         admin_token=os.environ.get("PDSERVE_ROUTER_ADMIN_TOKEN") or None,
         keys_file=args.keys_file,
         redis_url=os.environ.get("REDIS_URL") or None,

@@ -46,6 +46,7 @@ from inference.router.upstream import (
     UpstreamError,
     error_response,
 )
+from inference.router.warmup import FILLER, PairWarmer, warmup_prompt
 
 log = logging.getLogger("pdserve.router")
 timeline_log = logging.getLogger("pdserve.router.timeline")
@@ -82,18 +83,25 @@ class Router:
         self.prefill_stage = (PrefillStage(config, self.pools["prefill"], self.calls, self.metrics,
                                            self.placer, uses_transfer_params(config.kv_channel))
                               if "prefill" in self.pools else None)
-        self._probe_task: asyncio.Task[None] | None = None
+        self.warmer: PairWarmer | None = None
+        if config.kv_warmup_tokens:
+            self.warmer = PairWarmer(
+                self.pools["prefill"], self.pools["decode"], config.served_model_name,
+                warmup_prompt(checker.encode(FILLER, False), config.kv_warmup_tokens),
+                vocab_size=len(checker.tokenizer))
+        self._tasks: list[asyncio.Task[None]] = []
         self._drains: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self, _app: web.Application) -> None:
         await open_sessions(list(self.pools.values()), self.config.connect_timeout_s)
-        self._probe_task = asyncio.create_task(
-            probe_forever(list(self.pools.values()), self.config.health_interval_s)
-        )
+        self._tasks.append(asyncio.create_task(
+            probe_forever(list(self.pools.values()), self.config.health_interval_s)))
+        if self.warmer is not None:
+            self._tasks.append(asyncio.create_task(self.warmer.run_forever()))
 
     async def stop(self, _app: web.Application) -> None:
-        for task in [*self._drains, *([self._probe_task] if self._probe_task else [])]:
+        for task in [*self._drains, *self._tasks]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -162,10 +170,12 @@ class Router:
             for role, pool in self.pools.items()
         }
         healthy = all(info["ready"] > 0 for info in roles.values())
-        return web.json_response(
-            {"status": "ok" if healthy else "unavailable", "mode": self.config.mode, "roles": roles},
-            status=200 if healthy else 503,
-        )
+        answer: dict[str, object] = {"mode": self.config.mode, "roles": roles}
+        if self.warmer is not None:
+            healthy = healthy and self.warmer.any_warm()
+            answer["kv_warmup"] = self.warmer.report()
+        answer["status"] = "ok" if healthy else "unavailable"
+        return web.json_response(answer, status=200 if healthy else 503)
 
     async def prometheus(self, _request: web.Request) -> web.Response:
         self.metrics.refresh(self.pools.values(), self.placer)

@@ -152,8 +152,23 @@ def test_routing_policies_are_stored_and_reach_the_router_command(api: APIClient
     assert flags["--pd-policy"] == "remote"
     assert flags["--stall-budget-ms"] == "400"
     assert flags["--prefix-block-size"] == "128"  # the CPU engine's KV block
+    # Shared storage has no handshake to warm.
+    assert "--kv-warmup-tokens" not in flags
     # The router itself accepts what the console passes.
     config_from_args(build_parser().parse_args(argv[3:]))
+
+
+def test_a_nixl_plan_has_the_router_warm_each_pair_before_it_serves(api: APIClient,
+                                                                    variant: Variant) -> None:
+    created = api.post(URL, plan_body(variant, kv_channel="nixl", max_model_len=2048),
+                       format="json")
+    assert created.status_code == 201, created.content
+    deployment = Deployment.objects.get(pk=created.json()["id"])
+    argv = router_argv(deployment, list(deployment.workers.select_related("variant")))
+    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
+    assert flags["--kv-channel"] == "nixl"
+    assert flags["--kv-warmup-tokens"] == "256"  # two of the CPU engine's 128-token blocks
+    assert config_from_args(build_parser().parse_args(argv[3:])).kv_warmup_tokens == 256
 
 
 def test_the_console_offers_exactly_the_router_policies() -> None:

@@ -70,7 +70,7 @@ def nixl_pair(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFa
         [sys.executable, "-m", "inference.router", "--served-model-name", "smollm2",
          "--tokenizer", str(model_dir), "--max-model-len", "2048", "--kv-channel", "nixl",
          "--port", str(router_port), "--prefill", f"http://127.0.0.1:{prefill_port}",
-         "--decode", f"http://127.0.0.1:{decode_port}"],
+         "--decode", f"http://127.0.0.1:{decode_port}", "--kv-warmup-tokens", "256"],
         stdout=router_log, stderr=subprocess.STDOUT, start_new_session=True))
     pair = NixlPair(router=f"http://127.0.0.1:{router_port}",
                     decode=f"http://127.0.0.1:{decode_port}", prefill_side_port=prefill_side,
@@ -78,7 +78,8 @@ def nixl_pair(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFa
     try:
         for port, process in ((prefill_port, processes[0]), (decode_port, processes[1])):
             _wait_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT_S, process)
-        _wait_http(f"{pair.router}/health", 30, processes[2])
+        # Healthy once its warm-up hand-off went through: NIXL's first handshake included.
+        _wait_http(f"{pair.router}/health", 300, processes[2])
         yield pair
     finally:
         for process in processes:
@@ -109,6 +110,14 @@ def test_nixl_pd_output_equals_prefix_cached_single_server(nixl_pair: NixlPair,
               if "nixl-equality" in text and "timeline {" in text]
     assert line["kv"]["remote_engine_id"]
     assert line["kv"]["remote_num_tokens"] > 256
+
+
+def test_the_router_handed_kv_over_once_before_it_reported_healthy(nixl_pair: NixlPair) -> None:
+    health = httpx.get(f"{nixl_pair.router}/health", timeout=10).json()
+    [pair] = health["kv_warmup"]
+    assert pair["state"] == "warm" and pair["decode"] == nixl_pair.decode
+    router_log = (nixl_pair.logs / "router.log").read_text()
+    assert "hand-off of 256 tokens done" in router_log, router_log[-2000:]
 
 
 def test_nixl_chat_streams_through_the_router(nixl_pair: NixlPair) -> None:
