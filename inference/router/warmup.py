@@ -78,7 +78,11 @@ class PairWarmer:
 
     async def run_forever(self) -> None:
         while True:
-            await self.warm_round()
+            try:
+                await self.warm_round()
+            except Exception:
+                # A bug here must not end the warm-up for good, leaving /health at 503.
+                log.exception("KV warm-up round failed")
             await asyncio.sleep(self.retry_s)
 
     async def warm_round(self) -> None:
