@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from inference.router.backends import Backend, Pool
+from inference.router.handoff import NIXL_PREFILL_PARAMS
 from inference.router.upstream import upstream_message
 
 log = logging.getLogger("pdserve.router.warmup")
@@ -31,14 +32,6 @@ log = logging.getLogger("pdserve.router.warmup")
 # The text the synthetic prompt is made of; any text does, it only has to tokenize.
 FILLER = ("Prefill computes the prompt once and hands its KV cache to decode, which then writes "
           "one token per step. ")
-PREFILL_PARAMS = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 
 @dataclass
@@ -107,7 +100,7 @@ class PairWarmer:
         try:
             params = await self._call(prefill, {
                 "model": self.model, "prompt": ids, "max_tokens": 1, "stream": False,
-                "kv_transfer_params": dict(PREFILL_PARAMS)})
+                "kv_transfer_params": dict(NIXL_PREFILL_PARAMS)})
             kv = params.get("kv_transfer_params")
             if not isinstance(kv, dict) or not kv.get("remote_engine_id"):
                 raise WarmupFailed("prefill answered without kv_transfer_params (is it a NIXL "
