@@ -223,7 +223,8 @@ def test_a_decode_frozen_mid_stream_ends_the_stream_with_an_error_event(failover
 
 def test_a_prefill_killed_under_load_is_retried_on_the_other_and_no_request_fails(
         failover: Failover) -> None:
-    statuses: list[int] = []
+    # (when it ended, status) of every request the clients made
+    answers: list[tuple[float, int]] = []
     stop = threading.Event()
 
     def client() -> None:
@@ -231,7 +232,7 @@ def test_a_prefill_killed_under_load_is_retried_on_the_other_and_no_request_fail
             while not stop.is_set():
                 response = http.post(f"{failover.router}/v1/completions",
                                      json={"model": "tiny", "prompt": PROMPT, "max_tokens": 4})
-                statuses.append(response.status_code)
+                answers.append((time.monotonic(), response.status_code))
 
     retries_before = metric(failover.router, "pdserve_router_retries_total", {"role": "prefill"})
     threads = [threading.Thread(target=client) for _ in range(6)]
@@ -259,8 +260,11 @@ def test_a_prefill_killed_under_load_is_retried_on_the_other_and_no_request_fail
     for thread in threads:
         thread.join(timeout=60)
     assert out_within is not None and out_within < 2, out_within
-    assert len(statuses) > 20
+    statuses = [status for _, status in answers]
     assert set(statuses) == {200}, statuses
+    # Traffic went on after the kill, on the other worker. (How much depends on how fast the
+    # loaded machine is, so only that it did.)
+    assert any(ended > killed for ended, _ in answers), answers
     assert metric(failover.router, "pdserve_router_retries_total",
                   {"role": "prefill"}) > retries_before
     # One prefill worker left: still ready for traffic.
