@@ -80,8 +80,11 @@ async def test_a_failing_hand_off_keeps_the_router_unhealthy_and_is_retried(
 async def test_a_worker_that_went_down_is_warmed_again_when_it_is_back(
         start_router: StartRouter, make_stub: MakeStub) -> None:
     prefill, decode = await make_stub("prefill"), await make_stub("decode")
+    # One probe at start, then none for 30 s: the test plays the probe's part below, and a
+    # real probe in between would put the worker back before the warmer saw it gone.
     running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl",
-                                 kv_warmup_tokens=TOKENS, max_model_len=64)
+                                 kv_warmup_tokens=TOKENS, max_model_len=64,
+                                 health_interval_s=30.0)
     warmer = running.router.warmer
     assert warmer is not None
     warmer.retry_s = 0.05
