@@ -22,5 +22,7 @@ def request_timeline(request: HttpRequest, name: str) -> HttpResponse:
     deployment = get_object_or_404(Deployment, name=name)
     request_id = request.GET.get("id", "").strip()
     view = find_request(deployment.pk, request_id) if request_id else None
-    return render(request, "logs/request.html",
+    # partial: what the page re-fetches while the request's timeline is not written yet
+    template = "logs/_request.html" if request.GET.get("partial") and view else "logs/request.html"
+    return render(request, template,
                   {"deployment": deployment, "request_id": request_id, "view": view})

@@ -1,4 +1,5 @@
-// Partial updates: any element with data-refresh-url is re-fetched and replaced in place.
+// Partial updates: any element with data-refresh-url is re-fetched and replaced in place, until
+// what it gets back holds a data-refresh-stop marker (the thing waited for is there).
 (function () {
   "use strict";
   function refresh(element) {
@@ -9,6 +10,7 @@
         const response = await fetch(url, { credentials: "same-origin" });
         if (response.ok) {
           element.innerHTML = await response.text();
+          if (element.querySelector("[data-refresh-stop]")) return;
         }
       } catch (error) {
         // The console may be restarting; the next tick tries again.

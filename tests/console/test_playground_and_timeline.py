@@ -159,3 +159,31 @@ def test_a_request_is_found_in_the_router_timeline_and_the_worker_logs(
     assert 'data-event="first_token"' in page
     assert "chatcmpl-req-42-0" in page
     assert "chatcmpl-other" not in page
+
+
+def test_the_request_page_looks_again_until_the_timeline_is_written(
+        owner: User, deployment: Deployment) -> None:
+    router = _process(deployment, "router", "router")
+    client = Client()
+    client.force_login(owner)
+    page = client.get(f"/deployments/{deployment.name}/requests/?id=req-late").content.decode()
+    # Not written yet (the router logs it when the request ends): the page re-fetches its part.
+    assert "No router timeline found" in page
+    assert (f'data-refresh-url="/deployments/{deployment.name}/requests/?id=req-late&amp;'
+            'partial=1"') in page
+    partial = client.get(f"/deployments/{deployment.name}/requests/",
+                         {"id": "req-late", "partial": "1"}).content.decode()
+    assert "<html" not in partial and "data-refresh-stop" not in partial
+
+    timeline = {"request_id": "req-late", "endpoint": "completions", "status": 200,
+                "error": None, "events_ms": {"received": 0.0, "first_token": 12.0},
+                "prefill": None, "decode": None, "prompt_tokens": 3, "completion_tokens": 1,
+                "stream_chunks": 0, "kv": {}}
+    LogStore().write([CapturedLine(router.pk, "2026 INFO pdserve.router.timeline timeline "
+                                   + json.dumps(timeline), timezone.now())])
+    partial = client.get(f"/deployments/{deployment.name}/requests/",
+                         {"id": "req-late", "partial": "1"}).content.decode()
+    # Found: the fragment tells the page to stop asking.
+    assert 'data-event="first_token"' in partial and "data-refresh-stop" in partial
+    page = client.get(f"/deployments/{deployment.name}/requests/?id=req-late").content.decode()
+    assert "data-refresh-url" not in page and 'data-event="first_token"' in page
