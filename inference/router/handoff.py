@@ -154,8 +154,8 @@ class PrefillStage:
 
     async def _retry(self, parsed: ParsedRequest, body: dict[str, Any],
                      failure: BackendFailure, timeline: Timeline) -> dict[str, Any]:
-        """Once, where WorkerCalls.pick_again says. Safe: the client has
-        received nothing yet, and a one-token prefill has no effect a second run could repeat."""
+        """Once, where WorkerCalls.pick_again says. Safe: the client has received nothing yet,
+        and a one-token prefill has no effect a second run could repeat."""
         first = failure.backend
         backend = self.calls.pick_again("prefill", parsed, failure)
         if backend is None:
