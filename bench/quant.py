@@ -54,7 +54,7 @@ from inference.output_gate import (  # noqa: E402
     served_model,
     token_logprobs,
 )
-from inference.variant_speed import decode_tps, prefill_ms, prompt_ids  # noqa: E402
+from inference.variant_speed import decode_tps, prefill_ms, prompt_ids, warm_up  # noqa: E402
 
 LOCK = Path("/tmp/pdserve-heavy.lock")
 TEXT = REPO / "bench" / "perplexity.txt"
@@ -188,7 +188,7 @@ def measure(name: str, url: str, pids: dict[str, int], answers: list[ReferenceAn
         scoring = scoring_url or url
         ids = prompt_ids(client, scoring, served_model(client, scoring), 1024)
         timing = ttft_ms if via_router else prefill_ms
-        decode_tps(client, url, model, 8)  # warm-up
+        warm_up(client, url, model)
         p512, p1024 = timing(client, url, model, ids[:512]), timing(client, url, model, ids)
         d1 = decode_tps(client, url, model, DECODE_TOKENS)
         d16 = concurrent_tps(url, model, 16)

@@ -66,6 +66,23 @@ def prefill_ms(client: httpx.Client, url: str, model: str, ids: list[int], repea
     return statistics.median(times)
 
 
+def complete(client: httpx.Client, url: str, model: str, max_tokens: int,
+             prompt: list[int] | None = None) -> int:
+    """One greedy completion of exactly ``max_tokens`` tokens; returns how many came."""
+    response = client.post(f"{url}/v1/completions", json={
+        "model": model, "prompt": prompt or "Once upon a time", "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": True})
+    if response.status_code != 200:
+        raise GateError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+    return int(response.json()["usage"]["completion_tokens"])
+
+
+def warm_up(client: httpx.Client, url: str, model: str) -> None:
+    """A short completion, untimed and unjudged: a server's first requests pay one-time costs
+    (a cold one-token request has been seen to take longer than a warm eight-token one)."""
+    complete(client, url, model, 8)
+
+
 def decode_tps(client: httpx.Client, url: str, model: str, max_tokens: int = 128,
                prompt: list[int] | None = None) -> float:
     """Single-stream decode speed: the extra tokens of a ``max_tokens`` request over a one-token
@@ -74,13 +91,8 @@ def decode_tps(client: httpx.Client, url: str, model: str, max_tokens: int = 128
 
     def timed(tokens: int) -> tuple[float, int]:
         started = time.perf_counter()
-        response = client.post(f"{url}/v1/completions", json={
-            "model": model, "prompt": prompt or "Once upon a time", "max_tokens": tokens,
-            "temperature": 0, "ignore_eos": True})
-        elapsed = time.perf_counter() - started
-        if response.status_code != 200:
-            raise GateError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
-        return elapsed, int(response.json()["usage"]["completion_tokens"])
+        generated = complete(client, url, model, tokens, prompt)
+        return time.perf_counter() - started, generated
 
     one, _ = timed(1)
     many, generated = timed(max_tokens)
@@ -93,7 +105,7 @@ def measure(url: str, prefill_tokens: int = 512, decode_tokens: int = 128) -> Sp
     with httpx.Client(timeout=TIMEOUT_S) as client:
         model = served_model(client, url)
         ids = prompt_ids(client, url, model, prefill_tokens)
-        decode_tps(client, url, model, 8)  # warm-up
+        warm_up(client, url, model)
         ms = prefill_ms(client, url, model, ids)
         tps = decode_tps(client, url, model, decode_tokens)
     return Speed(prefill_tokens, ms, prefill_tokens / (ms / 1000), decode_tokens, tps)
