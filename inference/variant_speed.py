@@ -56,11 +56,8 @@ def prefill_ms(client: httpx.Client, url: str, model: str, ids: list[int], repea
         # A different first token each time: no prefix-cache hit, the whole prompt is computed.
         prompt = [ids[(repeat * 7919) % len(ids)], *ids[1:]]
         started = time.perf_counter()
-        response = client.post(f"{url}/v1/completions", json={
-            "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+        complete(client, url, model, 1, prompt)
         elapsed = time.perf_counter() - started
-        if response.status_code != 200:
-            raise GateError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
         if repeat:
             times.append(elapsed * 1000)
     return statistics.median(times)
