@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "console.playground",
     "console.gateway",
     "console.quality",
+    "console.control",
 ]
 
 MIDDLEWARE = [

@@ -10,7 +10,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/auth/token/", obtain_auth_token, name="api-token"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/v1/", include("console.deployments.api.urls")),
+    path("api/v1/", include("console.control.api.urls")),
     path("api/v1/", include("console.catalog.api.urls")),
     path("api/v1/", include("console.fleet.api.urls")),
     path("api/v1/", include("console.live.api.urls")),
@@ -23,5 +23,5 @@ urlpatterns = [
     path("", include("console.fleet.urls")),
     path("", include("console.gateway.urls")),
     path("", include("console.quality.urls")),
-    path("", include("console.deployments.urls")),
+    path("", include("console.control.urls")),
 ]

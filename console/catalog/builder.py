@@ -10,25 +10,42 @@ from __future__ import annotations
 import ctypes
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from collections import deque
+from datetime import timedelta
+from pathlib import Path
 from typing import IO, Any
 
+import psutil
+from celery.signals import worker_ready
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from console.catalog.jobs import HEARTBEAT_S, kill_builder, remove_outputs
-from console.catalog.models import QuantizationJob
+from console.catalog.models import QuantizationJob, Variant
 from console.catalog.services import RegistrationError, register_variant
+from console.celery import app
+from inference.quantization.output import partial_dir
 from inference.quantization.progress import parse
 
 State = QuantizationJob.State
 LOG_TAIL_LINES = 200
 PR_SET_PDEATHSIG = 1
+# The task beats every HEARTBEAT_S while its builder runs; a running job silent for STALE_S
+# lost its worker.
+HEARTBEAT_S = 0.5
+STALE_S = 15.0
+# At worker start no other worker of this node should be running the job: a shorter wait.
+STALE_AT_WORKER_START_S = 3.0
+
+
+@app.task(name="catalog.quantize_variant", ignore_result=True)
+def quantize_variant(job_id: int) -> None:
+    run_job(job_id)
 
 
 def run_job(job_id: int) -> None:
@@ -169,3 +186,48 @@ def _finish(job: QuantizationJob, state: str, *, error: str = "", log: str | Non
     if log is not None:
         values["log_tail"] = log
     QuantizationJob.objects.filter(pk=job.pk).update(**values)
+
+
+def reap_orphans(stale_after_s: float = STALE_S) -> int:
+    """Fail running jobs whose worker stopped beating, and remove what their builder wrote."""
+    cutoff = timezone.now() - timedelta(seconds=stale_after_s)
+    reaped = 0
+    for job in QuantizationJob.objects.filter(state=State.RUNNING, heartbeat_at__lt=cutoff):
+        kill_builder(job)
+        remove_outputs(job)
+        reaped += QuantizationJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
+            state=State.FAILED, finished_at=timezone.now(), stage="failed",
+            error="the job's worker stopped while building (killed or crashed); "
+                  "its files were removed")
+    return reaped
+
+
+def kill_builder(job: QuantizationJob, grace_s: float = 10.0) -> None:
+    """Stop the job's builder process group, if it is still alive and still the builder."""
+    if not job.pid:
+        return
+    try:
+        process = psutil.Process(job.pid)
+        # The pid may have been reused since: only a builder of this job's directory is ours.
+        if job.path not in process.cmdline():
+            return
+        os.killpg(job.pid, signal.SIGTERM)
+        process.wait(timeout=grace_s)
+    except psutil.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+    except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+        return
+
+
+def remove_outputs(job: QuantizationJob) -> None:
+    """Delete the job's partial directory, and its output unless a variant was registered there."""
+    shutil.rmtree(partial_dir(Path(job.path)), ignore_errors=True)
+    if not Variant.objects.filter(path=job.path).exists():
+        shutil.rmtree(job.path, ignore_errors=True)
+
+
+@worker_ready.connect
+def fail_orphaned_jobs(**_: object) -> None:
+    # A worker that was killed mid-build left its job "running": this worker cannot be running
+    # it, so any such job whose heartbeat stopped is failed and its files removed.
+    reap_orphans(STALE_AT_WORKER_START_S)

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from console.catalog.inspection import combined_sha256
 from console.catalog.models import Variant
+from console.celery import app
 
 CHUNK_BYTES = 4 * 1024 * 1024
 PROGRESS_EVERY_S = 0.5
@@ -19,6 +20,11 @@ State = Variant.HashState
 
 class FilesChanged(Exception):
     """A weight file differs from what inspection recorded (size or modification time)."""
+
+
+@app.task(name="catalog.hash_variant_weights", ignore_result=True)
+def hash_variant_weights(variant_id: int, job: str) -> None:
+    hash_weights(variant_id, job)
 
 
 def hash_weights(variant_id: int, job: str) -> bool:

@@ -2,7 +2,7 @@
 
 Everything comes from small files (config.json, tokenizer files, generation_config.json) and
 the JSON headers of the safetensors files, so inspecting a multi-GB checkpoint takes
-milliseconds. Hashing the weights themselves is a background job (``console.catalog.tasks``).
+milliseconds. Hashing the weights themselves is a background job (``console.catalog.hashing``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
-"""Quantization jobs: starting, cancelling, and failing the ones a killed worker left behind."""
+"""Quantization jobs as the console asks for them: starting and cancelling."""
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import signal
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
-import psutil
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
+from console.catalog.builder import quantize_variant, reap_orphans
 from console.catalog.models import BaseModel, QuantizationJob, Variant
 from inference.quantization.calibration import DEFAULT_FILE
 from inference.quantization.options import (
@@ -25,18 +21,10 @@ from inference.quantization.options import (
     default_method,
     resolve,
 )
-from inference.quantization.output import partial_dir
 
 log = logging.getLogger("pdserve.catalog")
 
 State = QuantizationJob.State
-# The task beats every HEARTBEAT_S while its builder runs; a running job silent for STALE_S
-# lost its worker.
-HEARTBEAT_S = 0.5
-STALE_S = 15.0
-# At worker start no other worker of this node should be running the job: a shorter wait.
-STALE_AT_WORKER_START_S = 3.0
-
 # The builder's flags, as the API's fields.
 FIELDS = {"--model": "source", "--scheme": "scheme", "--method": "method",
           "--group-size": "group_size", "--smoothing-strength": "smoothing_strength",
@@ -101,8 +89,6 @@ def _refuse_conflicts(base: BaseModel, name: str, path: Path) -> None:
 
 
 def _send(job_id: int) -> None:
-    from console.catalog.tasks import quantize_variant
-
     try:
         quantize_variant.delay(job_id)
     except OperationalError as exc:
@@ -123,41 +109,3 @@ def cancel_job(job: QuantizationJob) -> QuantizationJob:
         raise JobError("state", f"the job has already {job.state}", conflict=True)
     job.refresh_from_db()
     return job
-
-
-def reap_orphans(stale_after_s: float = STALE_S) -> int:
-    """Fail running jobs whose worker stopped beating, and remove what their builder wrote."""
-    cutoff = timezone.now() - timedelta(seconds=stale_after_s)
-    reaped = 0
-    for job in QuantizationJob.objects.filter(state=State.RUNNING, heartbeat_at__lt=cutoff):
-        kill_builder(job)
-        remove_outputs(job)
-        reaped += QuantizationJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
-            state=State.FAILED, finished_at=timezone.now(), stage="failed",
-            error="the job's worker stopped while building (killed or crashed); "
-                  "its files were removed")
-    return reaped
-
-
-def kill_builder(job: QuantizationJob, grace_s: float = 10.0) -> None:
-    """Stop the job's builder process group, if it is still alive and still the builder."""
-    if not job.pid:
-        return
-    try:
-        process = psutil.Process(job.pid)
-        # The pid may have been reused since: only a builder of this job's directory is ours.
-        if job.path not in process.cmdline():
-            return
-        os.killpg(job.pid, signal.SIGTERM)
-        process.wait(timeout=grace_s)
-    except psutil.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-    except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
-        return
-
-
-def remove_outputs(job: QuantizationJob) -> None:
-    """Delete the job's partial directory, and its output unless a variant was registered there."""
-    shutil.rmtree(partial_dir(Path(job.path)), ignore_errors=True)
-    if not Variant.objects.filter(path=job.path).exists():
-        shutil.rmtree(job.path, ignore_errors=True)

@@ -12,9 +12,9 @@ from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
+from console.catalog.hashing import hash_variant_weights
 from console.catalog.inspection import InspectionError, ModelInspection, inspect_model_dir
 from console.catalog.models import BaseModel, Variant
-from console.catalog.tasks import hash_variant_weights
 
 log = logging.getLogger("pdserve.catalog")
 

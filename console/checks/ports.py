@@ -5,11 +5,11 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-from console.checks import probe
 from console.checks.base import Finding, Verdict, check, error, warning
 from console.checks.plan import PlanView
 from console.deployments.models import Deployment, WorkerPlan
 from console.deployments.placement import free_port
+from console.fleet import probe
 from inference.kv_channels import NixlChannel
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from console.checks.probe import bind_errno
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
+from console.fleet.probe import bind_errno
 
 ROLE_PORT_BASE = {"prefill": 8100, "decode": 8200, "colocated": 8100}
 ROUTER_PORT_BASE = 8080

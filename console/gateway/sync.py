@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from django.db import connection
+
 from console.deployments.models import Deployment
 from console.gateway.router_admin import fetch_usage, push_keys
 from console.gateway.services import key_set, record_usage
@@ -43,8 +45,6 @@ class KeySync:
 
     def start(self) -> None:
         def loop() -> None:
-            from django.db import connection
-
             try:
                 while not self._stop.wait(self.interval_s):
                     try:

@@ -21,7 +21,7 @@ import httpx
 import psutil
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from console.live.broadcast import metric_messages, send_all
@@ -117,8 +117,6 @@ class MetricsCollector:
     # ---- the thread ----------------------------------------------------------------------
     def start(self) -> None:
         def loop() -> None:
-            from django.db import connection
-
             try:
                 while not self._stop.is_set():
                     started = time.monotonic()

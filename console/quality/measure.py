@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.catalog.models import Variant
+from console.celery import app
 from console.fleet.models import Node
 from console.quality.models import VariantMeasurement
 from console.quality.services import original_variant
@@ -68,13 +69,16 @@ def queue_measurement(variant: Variant, node: Node, dtype: str = "bfloat16") -> 
 
 
 def _send(measurement_id: int) -> None:
-    from console.quality.tasks import measure_variant
-
     try:
         measure_variant.delay(measurement_id)
     except Exception as exc:  # a broker that cannot be reached must not lose the row's state
         VariantMeasurement.objects.filter(pk=measurement_id).update(
             state=State.FAILED, error=f"could not queue the job: {exc}"[:1000])
+
+
+@app.task(name="quality.measure_variant", ignore_result=True)
+def measure_variant(measurement_id: int) -> None:
+    run_measurement(measurement_id)
 
 
 def run_measurement(measurement_id: int) -> VariantMeasurement:

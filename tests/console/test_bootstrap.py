@@ -15,8 +15,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from console.catalog.models import BaseModel, Variant
+from console.control.worker_specs import kv_storage_path, process_specs
 from console.deployments.models import Deployment, WorkerPlan
-from console.deployments.processes import kv_storage_path, process_specs
 
 pytestmark = pytest.mark.django_db
 

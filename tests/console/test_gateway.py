@@ -19,8 +19,8 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from console.control.worker_specs import process_specs
 from console.deployments.models import Deployment
-from console.deployments.processes import process_specs
 from console.gateway.models import ApiKey
 from console.gateway.router_admin import admin_token, console_key
 from console.gateway.services import key_set, keys_file_path

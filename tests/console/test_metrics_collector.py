@@ -18,13 +18,13 @@ import psutil
 import pytest
 from django.utils import timezone
 
+from console.control.runner import Supervisor
+from console.control.worker_specs import ProcessSpec
 from console.deployments.models import Deployment
-from console.deployments.processes import ProcessSpec
 from console.live.collector import MetricsCollector
 from console.live.downsample import MINUTE, merge, prune, roll_up
 from console.live.models import MetricSample, ProcessScrape
 from console.supervisor.models import ManagedProcess
-from console.supervisor.runner import Supervisor
 from tests.console.sockets import free_port, listening, wait_for
 
 METRICS_SERVER = """

@@ -13,10 +13,10 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from console.catalog.models import BaseModel, Variant
-from console.deployments import services
+from console.control import lifecycle
+from console.control.worker_specs import router_argv
 from console.deployments.models import Deployment, WorkerPlan
 from console.deployments.plans import InstanceInput, PlanInput, PoolInput
-from console.deployments.processes import router_argv
 from console.fleet.models import Node
 from console.fleet.services import local_node
 from inference.router.config import PD_POLICIES, build_parser, config_from_args
@@ -280,7 +280,7 @@ def test_a_worker_failing_after_the_plan_row_was_written_saves_nothing(variant: 
         pools={"prefill": PoolInput(variant, [InstanceInput()]),
                "decode": PoolInput(variant, [InstanceInput(), InstanceInput(port=70000)])})
     with pytest.raises(ValidationError) as excinfo:
-        services.save(plan)
+        lifecycle.save(plan)
     assert excinfo.value.message_dict == {"decode.instances.1.port": [
         "port 70000 is outside 1-65535"]}
     assert counts() == before

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from console.control.pools import PoolSync
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.router_admin import admin_token
 from console.supervisor.models import ManagedProcess
-from console.supervisor.pools import PoolSync
 from tests.console.sockets import wait_for
 from tests.console.tiny_models import make_plan
 

@@ -18,10 +18,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from console.catalog.models import BaseModel, Variant
-from console.deployments import services
+from console.control import lifecycle
+from console.control.status import overall_state
+from console.control.worker_specs import process_specs
 from console.deployments.models import Deployment
-from console.deployments.processes import process_specs
-from console.deployments.status import overall_state
 from console.fleet.services import local_node
 from console.quality import services as quality
 from console.quality.advice import advice
@@ -112,26 +112,26 @@ def test_the_reference_is_the_original_unquantized_variant_not_one_a_worker_uses
 
 
 def test_a_start_queues_a_gate_that_holds_the_router_until_it_is_done(mixed: Deployment) -> None:
-    services.start(mixed)
+    lifecycle.start(mixed)
     gate = quality.latest_gate(mixed)
     assert gate is not None and (gate.trigger, gate.state) == ("start", "queued")
     assert (gate.prompts, gate.min_agreement, gate.action) == (8, 0.9, "block")
     assert quality.router_hold(mixed) == "waiting for the output gate"
     # A second start of a running deployment queues nothing new.
-    services.start(mixed)
+    lifecycle.start(mixed)
     assert mixed.gate_results.count() == 1
     finish(gate, "passed", agreement=0.97)
     assert quality.router_hold(mixed) == ""
 
 
 def test_a_plan_with_one_unquantized_variant_starts_without_a_gate(plan: Deployment) -> None:
-    services.start(plan)
+    lifecycle.start(plan)
     assert quality.latest_gate(plan) is None and quality.router_hold(plan) == ""
 
 
 def test_a_failed_gate_blocks_the_router_or_only_warns(mixed: Deployment,
                                                        browser: Client) -> None:
-    services.start(mixed)
+    lifecycle.start(mixed)
     finish(quality.latest_gate(mixed), "failed")
     hold = quality.router_hold(mixed)
     assert hold.startswith("output gate failed: decode-0 (w4a16): top-1 agreement 50.0%")
@@ -148,7 +148,7 @@ def test_a_failed_gate_blocks_the_router_or_only_warns(mixed: Deployment,
 
 
 def test_a_run_on_demand_keeps_the_last_verdict_until_it_is_done(mixed: Deployment) -> None:
-    services.start(mixed)
+    lifecycle.start(mixed)
     finish(quality.latest_gate(mixed), "failed")
     again = quality.request_gate(mixed)
     assert quality.router_hold(mixed).startswith("output gate failed")
@@ -157,7 +157,7 @@ def test_a_run_on_demand_keeps_the_last_verdict_until_it_is_done(mixed: Deployme
 
 
 def test_a_gate_that_could_not_run_blocks_too(mixed: Deployment) -> None:
-    services.start(mixed)
+    lifecycle.start(mixed)
     gate = quality.latest_gate(mixed)
     GateResult.objects.filter(pk=gate.pk).update(state="error", error="reference exited with 1",
                                                  finished_at=timezone.now())
@@ -294,7 +294,7 @@ def test_measurement_api_names_the_bad_field(api: APIClient, variants: dict[str,
 def test_a_gate_a_previous_supervisor_left_running_runs_again(mixed: Deployment) -> None:
     from console.quality.gates import GateRunner
 
-    services.start(mixed)
+    lifecycle.start(mixed)
     GateResult.objects.filter(deployment=mixed).update(state="running", started_at=timezone.now())
     assert GateRunner().recover() == 1
     gate = quality.latest_gate(mixed)
@@ -311,7 +311,7 @@ def test_the_reference_server_a_killed_supervisor_left_running_is_killed(mixed: 
     left = subprocess.Popen(["sleep", "300"], start_new_session=True)
     reused = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
-        services.start(mixed)
+        lifecycle.start(mixed)
         gate = quality.latest_gate(mixed)
         GateResult.objects.filter(pk=gate.pk).update(
             state="running", started_at=timezone.now(), reference_pid=left.pid,

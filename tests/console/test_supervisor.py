@@ -25,10 +25,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from console.control.runner import MAX_BACKOFF_S, Backoff, Child, Supervisor
+from console.control.worker_specs import ProcessSpec
 from console.deployments.models import Deployment
-from console.deployments.processes import ProcessSpec
 from console.supervisor.models import ManagedProcess
-from console.supervisor.runner import MAX_BACKOFF_S, Backoff, Child, Supervisor
 from tests.console.sockets import free_port, listening, wait_for
 
 State = ManagedProcess.State

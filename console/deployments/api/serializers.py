@@ -13,20 +13,30 @@ from console.deployments.plans import (
     PoolInput,
     pool_errors,
 )
-from console.deployments.status import overall_state
 from console.fleet.models import Node
-from console.quality.api.serializers import GateSettingsSerializer, gate_settings, plan_fields
-from console.supervisor.models import ManagedProcess
 from console.validators import validate_core_list, validate_port
 
 POOL_FIELDS = ("prefill", "decode", "colocated")
 
+# The plan's "gate" object in the API -> the plan's fields.
+GATE_FIELDS = {"mode": "gate_mode", "prompts": "gate_prompts", "min_agreement": "gate_min_agreement",
+               "max_mean_logprob_delta": "gate_max_mean_delta", "action": "gate_action"}
 
-class ProcessSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = ManagedProcess
-        fields = ["id", "slot", "role", "port", "pid", "state", "restarts", "exit_code", "last_error",
-                  "started_at", "ready_at"]
+
+class GateSettingsSerializer(serializers.Serializer):
+    """The output gate settings of a plan, as written."""
+
+    mode = serializers.ChoiceField(choices=Deployment.GateMode.choices, required=False)
+    prompts = serializers.IntegerField(min_value=1, max_value=16, required=False)
+    min_agreement = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    max_mean_logprob_delta = serializers.FloatField(min_value=0.0, max_value=100.0, required=False)
+    action = serializers.ChoiceField(choices=Deployment.GateAction.choices, required=False)
+
+
+def plan_fields(gate: dict[str, Any]) -> dict[str, Any]:
+    return {GATE_FIELDS[key]: value for key, value in gate.items()}
+
+
 
 
 class WorkerPlanSerializer(serializers.ModelSerializer):
@@ -39,40 +49,6 @@ class WorkerPlanSerializer(serializers.ModelSerializer):
         model = WorkerPlan
         fields = ["slot", "role", "index", "variant", "variant_id", "model_path", "node", "host",
                   "port", "side_channel_port", "cpu_cores", "gpu_indices", "share_devices"]
-
-
-class DeploymentSerializer(serializers.ModelSerializer):
-    """A deployment as read: the plan, its workers, and the state of its processes."""
-
-    base_model = serializers.CharField(source="base_model.name")
-    state = serializers.SerializerMethodField()
-    router_url = serializers.CharField()
-    router = serializers.SerializerMethodField()
-    gate = serializers.SerializerMethodField()
-    workers = WorkerPlanSerializer(many=True)
-    processes = ProcessSerializer(many=True)
-
-    class Meta:
-        model = Deployment
-        fields = ["id", "name", "base_model", "served_model_name", "mode", "max_model_len",
-                  "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
-                  "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
-                  "sampling_defaults", "router", "gate",
-                  "router_url", "desired_state", "state", "workers", "processes", "created",
-                  "updated"]
-
-    def get_state(self, deployment: Deployment) -> str:
-        return overall_state(deployment, list(deployment.processes.all()))
-
-    def get_gate(self, deployment: Deployment) -> dict[str, Any]:
-        return gate_settings(deployment)
-
-    def get_router(self, deployment: Deployment) -> dict[str, Any]:
-        return {"host": deployment.router_host, "port": deployment.router_port,
-                "prefill_policy": deployment.prefill_policy,
-                "decode_policy": deployment.decode_policy,
-                "pd_policy": deployment.pd_policy,
-                "stall_budget_ms": deployment.stall_budget_ms}
 
 
 class VariantField(serializers.RelatedField):

@@ -4,27 +4,10 @@ from typing import Any
 
 from rest_framework import serializers
 
+from console.deployments.api.serializers import GATE_FIELDS
 from console.deployments.models import Deployment
 from console.quality import services
 from console.quality.models import GateResult, VariantMeasurement
-
-# The plan's "gate" object in the API -> the plan's fields.
-GATE_FIELDS = {"mode": "gate_mode", "prompts": "gate_prompts", "min_agreement": "gate_min_agreement",
-               "max_mean_logprob_delta": "gate_max_mean_delta", "action": "gate_action"}
-
-
-class GateSettingsSerializer(serializers.Serializer):
-    """The output gate settings of a plan, as written."""
-
-    mode = serializers.ChoiceField(choices=Deployment.GateMode.choices, required=False)
-    prompts = serializers.IntegerField(min_value=1, max_value=16, required=False)
-    min_agreement = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
-    max_mean_logprob_delta = serializers.FloatField(min_value=0.0, max_value=100.0, required=False)
-    action = serializers.ChoiceField(choices=Deployment.GateAction.choices, required=False)
-
-
-def plan_fields(gate: dict[str, Any]) -> dict[str, Any]:
-    return {GATE_FIELDS[key]: value for key, value in gate.items()}
 
 
 class GateResultSerializer(serializers.ModelSerializer):

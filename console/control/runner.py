@@ -25,17 +25,18 @@ from typing import IO
 import httpx
 from asgiref.sync import async_to_sync
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
+from console.control.pools import PoolSync
+from console.control.worker_specs import ProcessSpec, kv_channel, process_specs
 from console.deployments.models import Deployment
-from console.deployments.processes import ProcessSpec, kv_channel, process_specs
 from console.live.broadcast import log_messages, send_all
 from console.live.collector import MetricsCollector, ScrapeTarget
 from console.live.logstore import CapturedLine, LogStore, clean_line
 from console.quality.gates import GateRunner
 from console.quality.services import router_hold
 from console.supervisor.models import ManagedProcess
-from console.supervisor.pools import PoolSync
 from console.supervisor.processes import is_same_process, kill_group
 from inference.kv_channels import SharedStorageChannel
 
@@ -245,8 +246,6 @@ class Supervisor:
         """Flush captured lines from a thread of their own, so a slow tick never delays logs."""
 
         def loop() -> None:
-            from django.db import connection
-
             last_prune = time.monotonic()
             try:
                 while not self._writer_stop.is_set():

@@ -7,20 +7,21 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.deployments import services
-from console.deployments.api.serializers import DeploymentSerializer, PlanSerializer
+from console.control import lifecycle
+from console.control.api.serializers import DeploymentSerializer
+from console.deployments.api.serializers import PlanSerializer
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput
 
 
-def refused(exc: services.Refused) -> Response:
+def refused(exc: lifecycle.Refused) -> Response:
     """409 with the check list: what the page shows too."""
     return Response({"detail": str(exc), **exc.report.as_dict()}, status=status.HTTP_409_CONFLICT)
 
 
 def _save(plan: PlanInput, deployment: Deployment | None = None) -> tuple[Deployment, dict]:
     try:
-        saved, report = services.save(plan, deployment)
+        saved, report = lifecycle.save(plan, deployment)
     except ValidationError as exc:
         # Values only the model can judge (after proposals), keyed like the request's fields.
         raise serializers.ValidationError(exc.message_dict) from exc
@@ -57,7 +58,7 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
         plan.is_valid(raise_exception=True)
         try:
             deployment, checks = _save(plan.to_plan_input(), deployment)
-        except services.Refused as exc:
+        except lifecycle.Refused as exc:
             return refused(exc)
         return Response(self._read(deployment, checks=checks))
 
@@ -66,11 +67,11 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
         """The checks of the stored plan; with a body, of the plan as that body would change it."""
         deployment = self.get_object()
         if not request.data:
-            return Response(services.check(deployment).as_dict())
+            return Response(lifecycle.check(deployment).as_dict())
         plan = self.get_serializer(deployment, data=request.data, partial=True)
         plan.is_valid(raise_exception=True)
         try:
-            report = services.preview(plan.to_plan_input(), deployment)
+            report = lifecycle.preview(plan.to_plan_input(), deployment)
         except ValidationError as exc:
             raise serializers.ValidationError(exc.message_dict) from exc
         return Response(report.as_dict())
@@ -79,13 +80,13 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
     def start(self, request: Request, pk: str | None = None) -> Response:
         deployment = self.get_object()
         try:
-            report = services.start(deployment)
-        except services.Refused as exc:
+            report = lifecycle.start(deployment)
+        except lifecycle.Refused as exc:
             return refused(exc)
         return Response(self._read(deployment, checks=report.as_dict()),
                         status=status.HTTP_202_ACCEPTED)
 
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str | None = None) -> Response:
-        deployment = services.stop(self.get_object())
+        deployment = lifecycle.stop(self.get_object())
         return Response(self._read(deployment), status=status.HTTP_202_ACCEPTED)

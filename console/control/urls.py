@@ -1,6 +1,6 @@
 from django.urls import path
 
-from console.deployments import views
+from console.control import views
 
 urlpatterns = [
     path("", views.deployment_list, name="deployment-list"),

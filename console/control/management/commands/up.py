@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from console.deployments import services
+from console.control import lifecycle
 from console.deployments.defaults import DEFAULT_DEPLOYMENT
 from console.deployments.models import Deployment
 from console.supervisor.models import ManagedProcess
@@ -35,8 +35,8 @@ class Command(BaseCommand):
         deployment = Deployment.objects.get(name=DEFAULT_DEPLOYMENT)
         if not options["no_start"]:
             try:
-                services.start(deployment)
-            except services.Refused as refused:
+                lifecycle.start(deployment)
+            except lifecycle.Refused as refused:
                 # The same pre-flight checks as the Start button: say what is wrong and stop.
                 for finding in refused.report.errors:
                     self.stderr.write(f"pdserve: [{finding.id}] {finding.message}\n"

@@ -12,9 +12,9 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.control.runner import Supervisor
 from console.gateway.sync import KeySync
 from console.supervisor.models import ManagedProcess
-from console.supervisor.runner import Supervisor
 
 
 class Command(BaseCommand):

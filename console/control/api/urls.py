@@ -1,6 +1,6 @@
 from rest_framework.routers import DefaultRouter
 
-from console.deployments.api.views import DeploymentViewSet
+from console.control.api.views import DeploymentViewSet
 
 # Paths work with and without the trailing slash: clients write both.
 router = DefaultRouter()

@@ -7,11 +7,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from console.checks.runner import Report
-from console.deployments import services
+from console.control import lifecycle
+from console.control.status import overall_state
 from console.deployments.forms import PlanEditor
 from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
-from console.deployments.status import overall_state
 from console.fleet.models import Node
 from console.fleet.services import local_node
 from console.quality.views import advice_context, gate_context
@@ -54,7 +54,7 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 def deployment_detail(request: HttpRequest, name: str) -> HttpResponse:
     deployment = _get(name)
     return render(request, "deployments/detail.html",
-                  {**_page(deployment), "report": services.check(deployment)})
+                  {**_page(deployment), "report": lifecycle.check(deployment)})
 
 
 @login_required
@@ -66,7 +66,7 @@ def deployment_processes(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 def deployment_checks(request: HttpRequest, name: str) -> HttpResponse:
     """The check table alone: the detail page refreshes it (ports change while it is open)."""
-    return render(request, "deployments/_checks.html", {"report": services.check(_get(name))})
+    return render(request, "deployments/_checks.html", {"report": lifecycle.check(_get(name))})
 
 
 @login_required
@@ -74,8 +74,8 @@ def deployment_checks(request: HttpRequest, name: str) -> HttpResponse:
 def deployment_start(request: HttpRequest, name: str) -> HttpResponse:
     deployment = _get(name)
     try:
-        services.start(deployment)
-    except services.Refused as exc:
+        lifecycle.start(deployment)
+    except lifecycle.Refused as exc:
         context = {**_page(deployment), "report": exc.report, "refused": str(exc)}
         return render(request, "deployments/detail.html", context, status=409)
     return redirect("deployment-detail", name=name)
@@ -84,7 +84,7 @@ def deployment_start(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 @require_POST
 def deployment_stop(request: HttpRequest, name: str) -> HttpResponse:
-    services.stop(get_object_or_404(Deployment, name=name))
+    lifecycle.stop(get_object_or_404(Deployment, name=name))
     return redirect("deployment-detail", name=name)
 
 
@@ -102,16 +102,16 @@ def _plan_page(request: HttpRequest, deployment: Deployment | None) -> HttpRespo
     editor = PlanEditor(request.POST if request.method == "POST" else None, deployment)
     context: dict[str, object] = {"editor": editor, "deployment": deployment}
     if request.method != "POST":
-        context["report"] = services.check(deployment) if deployment else None
+        context["report"] = lifecycle.check(deployment) if deployment else None
         return render(request, "deployments/plan_form.html", context)
     if not editor.is_valid():
         return render(request, "deployments/plan_form.html", context, status=400)
     try:
-        saved, _ = services.save(editor.plan_input(), deployment)
+        saved, _ = lifecycle.save(editor.plan_input(), deployment)
     except ValidationError as exc:
         editor.add_errors(exc)
         return render(request, "deployments/plan_form.html", context, status=400)
-    except services.Refused as exc:
+    except lifecycle.Refused as exc:
         context.update(report=exc.report, refused=str(exc))
         return render(request, "deployments/plan_form.html", context, status=409)
     return redirect("deployment-detail", name=saved.name)
@@ -126,7 +126,7 @@ def plan_check(request: HttpRequest, name: str | None = None) -> HttpResponse:
     report: Report | None = None
     if editor.is_valid():
         try:
-            report = services.preview(editor.plan_input(), deployment)
+            report = lifecycle.preview(editor.plan_input(), deployment)
         except ValidationError as exc:
             editor.add_errors(exc)
     return render(request, "deployments/_checks.html",
