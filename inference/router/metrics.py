@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -18,8 +18,101 @@ ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+@dataclass(frozen=True)
+class MetricSpec:
+    """One row of METRICS: a RouterMetrics attribute and the metric it holds."""
+
+    attribute: str
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()  # histograms only
+
+    def build(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        if self.kind is Histogram:
+            return Histogram(self.name, self.help, self.labels, buckets=self.buckets, registry=registry)
+        return self.kind(self.name, self.help, self.labels, registry=registry)
+
+
+# The console's collector and the dashboards read these names and labels: change them deliberately.
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("requests", Counter, "pdserve_router_requests",
+               "Requests answered, by endpoint, HTTP status and the workers that served them "
+               "(prefill+decode, decode, prefill, colocated, or none when refused first)",
+               ("endpoint", "status", "role")),
+    MetricSpec("added_seconds", Histogram, "pdserve_router_added_seconds",
+               "The router's own time before a request's first token: before its first call to a "
+               "worker, and between prefill's answer and the call to decode (queue waits excluded)",
+               buckets=ADDED_BUCKETS),
+    MetricSpec("kv_handoff_seconds", Histogram, "pdserve_router_kv_handoff_seconds",
+               "From prefill's answer to decode's first token: the KV load plus decode's first step",
+               buckets=LATENCY_BUCKETS),
+    MetricSpec("auth_failures", Counter, "pdserve_router_auth_failures",
+               "Requests refused with 401, by reason (missing, invalid, revoked, out_of_scope)",
+               ("reason",)),
+    MetricSpec("rate_limited", Counter, "pdserve_router_rate_limited",
+               "Requests refused with 429, by the key's limit they exceeded", ("limit",)),
+    MetricSpec("rate_limit_store_errors", Counter, "pdserve_router_rate_limit_store_errors",
+               "Failed calls to the Redis that holds the rate-limit counters; the router counts "
+               "in its own memory meanwhile"),
+    MetricSpec("key_requests", Counter, "pdserve_router_key_requests",
+               "Requests admitted per API key, labelled by the key's public prefix", ("key",)),
+    MetricSpec("prefill_seconds", Histogram, "pdserve_router_prefill_seconds",
+               "Time from dispatch to the prefill worker until its answer (the KV hand-off point)",
+               buckets=LATENCY_BUCKETS),
+    MetricSpec("first_byte_seconds", Histogram, "pdserve_router_first_byte_seconds",
+               "Time from request arrival to the first response byte sent to the client",
+               ("endpoint",), buckets=LATENCY_BUCKETS),
+    MetricSpec("in_flight", Gauge, "pdserve_router_in_flight", "Requests in flight per backend",
+               ("role", "backend")),
+    MetricSpec("backend_up", Gauge, "pdserve_router_backend_up",
+               "1 when the backend passes its health probe", ("role", "backend")),
+    MetricSpec("pd_fallback", Counter, "pdserve_router_pd_fallback",
+               "Requests decoded without prefilled KV, by reason", ("reason",)),
+    MetricSpec("backend_errors", Counter, "pdserve_router_backend_errors",
+               "Failed calls to a backend, by role and kind", ("role", "kind")),
+    MetricSpec("client_disconnects", Counter, "pdserve_router_client_disconnects",
+               "Streams the client closed before the end; the worker request is aborted",
+               ("endpoint",)),
+    MetricSpec("kv_handoffs", Counter, "pdserve_router_kv_handoffs",
+               "Requests prefilled on one worker and decoded on another, by pair and outcome",
+               ("prefill", "decode", "outcome")),
+    MetricSpec("local_prefill", Counter, "pdserve_router_local_prefill",
+               "Short prompts sent straight to decode, which prefilled them itself"),
+    MetricSpec("policy_decisions", Counter, "pdserve_router_policy_decisions",
+               "Backends chosen, by role, routing policy and why (e.g. prefix_hit, prefix_miss, "
+               "overloaded_fallback, short_prompt; picked for policies without alternatives)",
+               ("role", "policy", "outcome")),
+    MetricSpec("retries", Counter, "pdserve_router_retries",
+               "Requests retried on another backend after a failure before any token, by role",
+               ("role",)),
+    MetricSpec("breaker_opened", Counter, "pdserve_router_breaker_opened",
+               "Times a worker's circuit breaker opened (failed calls in a row)", ("role", "backend")),
+    MetricSpec("placements", Counter, "pdserve_router_pd_placements",
+               "pd_adaptive: where each request's prompt was prefilled (local on decode, remote "
+               "on prefill, or the whole request on an idle prefill worker), and why",
+               ("placement", "reason")),
+    MetricSpec("prefill_queue_depth", Gauge, "pdserve_router_prefill_queue_depth",
+               "pd_adaptive: prompts waiting in the router for a free prefill slot"),
+    MetricSpec("prefill_queue_wait_seconds", Histogram, "pdserve_router_prefill_queue_wait_seconds",
+               "pd_adaptive: time a prompt waited for a prefill slot", buckets=LATENCY_BUCKETS),
+    MetricSpec("adaptive_local_max_tokens", Gauge, "pdserve_router_adaptive_local_max_tokens",
+               "pd_adaptive: the longest prompt a decode worker prefills itself now (from the "
+               "measured prefill speed and the stall budget)"),
+    MetricSpec("prefill_speed", Gauge, "pdserve_router_prefill_tokens_per_second",
+               "pd_adaptive: measured prefill speed, on prefill workers (remote) and on decode "
+               "workers (local); 0 until measured",
+               ("where",)),
+    MetricSpec("prefill_busy_fraction", Gauge, "pdserve_router_prefill_busy_fraction",
+               "pd_adaptive: share of the last 30 s during which a remote prefill ran"),
+)
+
+
 @dataclass
 class RouterMetrics:
+    """The metrics of METRICS as typed attributes (a unit test checks each against its row)."""
+
     registry: CollectorRegistry
     requests: Counter
     added_seconds: Histogram
@@ -50,138 +143,8 @@ class RouterMetrics:
     @classmethod
     def create(cls) -> RouterMetrics:
         registry = CollectorRegistry()
-        return cls(
-            registry=registry,
-            requests=Counter(
-                "pdserve_router_requests",
-                "Requests answered, by endpoint, HTTP status and the workers that served them "
-                "(prefill+decode, decode, prefill, colocated, or none when refused first)",
-                ["endpoint", "status", "role"], registry=registry,
-            ),
-            added_seconds=Histogram(
-                "pdserve_router_added_seconds",
-                "The router's own time before a request's first token: before its first call to a "
-                "worker, and between prefill's answer and the call to decode (queue waits excluded)",
-                buckets=ADDED_BUCKETS, registry=registry,
-            ),
-            kv_handoff_seconds=Histogram(
-                "pdserve_router_kv_handoff_seconds",
-                "From prefill's answer to decode's first token: the KV load plus decode's first step",
-                buckets=LATENCY_BUCKETS, registry=registry,
-            ),
-            auth_failures=Counter(
-                "pdserve_router_auth_failures",
-                "Requests refused with 401, by reason (missing, invalid, revoked, out_of_scope)",
-                ["reason"], registry=registry,
-            ),
-            rate_limited=Counter(
-                "pdserve_router_rate_limited",
-                "Requests refused with 429, by the key's limit they exceeded",
-                ["limit"], registry=registry,
-            ),
-            rate_limit_store_errors=Counter(
-                "pdserve_router_rate_limit_store_errors",
-                "Failed calls to the Redis that holds the rate-limit counters; the router counts "
-                "in its own memory meanwhile",
-                registry=registry,
-            ),
-            key_requests=Counter(
-                "pdserve_router_key_requests",
-                "Requests admitted per API key, labelled by the key's public prefix",
-                ["key"], registry=registry,
-            ),
-            prefill_seconds=Histogram(
-                "pdserve_router_prefill_seconds",
-                "Time from dispatch to the prefill worker until its answer (the KV hand-off point)",
-                buckets=LATENCY_BUCKETS, registry=registry,
-            ),
-            first_byte_seconds=Histogram(
-                "pdserve_router_first_byte_seconds",
-                "Time from request arrival to the first response byte sent to the client",
-                ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry,
-            ),
-            in_flight=Gauge(
-                "pdserve_router_in_flight", "Requests in flight per backend",
-                ["role", "backend"], registry=registry,
-            ),
-            backend_up=Gauge(
-                "pdserve_router_backend_up", "1 when the backend passes its health probe",
-                ["role", "backend"], registry=registry,
-            ),
-            pd_fallback=Counter(
-                "pdserve_router_pd_fallback",
-                "Requests decoded without prefilled KV, by reason",
-                ["reason"], registry=registry,
-            ),
-            backend_errors=Counter(
-                "pdserve_router_backend_errors", "Failed calls to a backend, by role and kind",
-                ["role", "kind"], registry=registry,
-            ),
-            client_disconnects=Counter(
-                "pdserve_router_client_disconnects",
-                "Streams the client closed before the end; the worker request is aborted",
-                ["endpoint"], registry=registry,
-            ),
-            kv_handoffs=Counter(
-                "pdserve_router_kv_handoffs",
-                "Requests prefilled on one worker and decoded on another, by pair and outcome",
-                ["prefill", "decode", "outcome"], registry=registry,
-            ),
-            local_prefill=Counter(
-                "pdserve_router_local_prefill",
-                "Short prompts sent straight to decode, which prefilled them itself",
-                registry=registry,
-            ),
-            policy_decisions=Counter(
-                "pdserve_router_policy_decisions",
-                "Backends chosen, by role, routing policy and why (e.g. prefix_hit, prefix_miss, "
-                "overloaded_fallback, short_prompt; picked for policies without alternatives)",
-                ["role", "policy", "outcome"], registry=registry,
-            ),
-            retries=Counter(
-                "pdserve_router_retries",
-                "Requests retried on another backend after a failure before any token, by role",
-                ["role"], registry=registry,
-            ),
-            breaker_opened=Counter(
-                "pdserve_router_breaker_opened",
-                "Times a worker's circuit breaker opened (failed calls in a row)",
-                ["role", "backend"], registry=registry,
-            ),
-            placements=Counter(
-                "pdserve_router_pd_placements",
-                "pd_adaptive: where each request's prompt was prefilled (local on decode, remote "
-                "on prefill, or the whole request on an idle prefill worker), and why",
-                ["placement", "reason"], registry=registry,
-            ),
-            prefill_queue_depth=Gauge(
-                "pdserve_router_prefill_queue_depth",
-                "pd_adaptive: prompts waiting in the router for a free prefill slot",
-                registry=registry,
-            ),
-            prefill_queue_wait_seconds=Histogram(
-                "pdserve_router_prefill_queue_wait_seconds",
-                "pd_adaptive: time a prompt waited for a prefill slot",
-                buckets=LATENCY_BUCKETS, registry=registry,
-            ),
-            adaptive_local_max_tokens=Gauge(
-                "pdserve_router_adaptive_local_max_tokens",
-                "pd_adaptive: the longest prompt a decode worker prefills itself now (from the "
-                "measured prefill speed and the stall budget)",
-                registry=registry,
-            ),
-            prefill_speed=Gauge(
-                "pdserve_router_prefill_tokens_per_second",
-                "pd_adaptive: measured prefill speed, on prefill workers (remote) and on decode "
-                "workers (local); 0 until measured",
-                ["where"], registry=registry,
-            ),
-            prefill_busy_fraction=Gauge(
-                "pdserve_router_prefill_busy_fraction",
-                "pd_adaptive: share of the last 30 s during which a remote prefill ran",
-                registry=registry,
-            ),
-        )
+        built: dict[str, Any] = {spec.attribute: spec.build(registry) for spec in METRICS}
+        return cls(registry=registry, **built)
 
     def record_request(self, timeline: Timeline, mode: str) -> None:
         """Count one answered request from its timeline (once, when it ends)."""

@@ -1,0 +1,73 @@
+"""The router's metrics, built from the METRICS table: the names, kinds and labels it had before the
+table (the console's collector reads them), each held by the RouterMetrics attribute declared with
+the same kind."""
+
+from __future__ import annotations
+
+from typing import get_type_hints
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from inference.router.metrics import ADDED_BUCKETS, LATENCY_BUCKETS, METRICS, RouterMetrics
+
+# Written down from RouterMetrics.create as it was before the table: (attribute, kind, name, labels).
+EXPECTED = [
+    ("requests", Counter, "pdserve_router_requests", ("endpoint", "status", "role")),
+    ("added_seconds", Histogram, "pdserve_router_added_seconds", ()),
+    ("kv_handoff_seconds", Histogram, "pdserve_router_kv_handoff_seconds", ()),
+    ("auth_failures", Counter, "pdserve_router_auth_failures", ("reason",)),
+    ("rate_limited", Counter, "pdserve_router_rate_limited", ("limit",)),
+    ("rate_limit_store_errors", Counter, "pdserve_router_rate_limit_store_errors", ()),
+    ("key_requests", Counter, "pdserve_router_key_requests", ("key",)),
+    ("prefill_seconds", Histogram, "pdserve_router_prefill_seconds", ()),
+    ("first_byte_seconds", Histogram, "pdserve_router_first_byte_seconds", ("endpoint",)),
+    ("in_flight", Gauge, "pdserve_router_in_flight", ("role", "backend")),
+    ("backend_up", Gauge, "pdserve_router_backend_up", ("role", "backend")),
+    ("pd_fallback", Counter, "pdserve_router_pd_fallback", ("reason",)),
+    ("backend_errors", Counter, "pdserve_router_backend_errors", ("role", "kind")),
+    ("client_disconnects", Counter, "pdserve_router_client_disconnects", ("endpoint",)),
+    ("kv_handoffs", Counter, "pdserve_router_kv_handoffs", ("prefill", "decode", "outcome")),
+    ("local_prefill", Counter, "pdserve_router_local_prefill", ()),
+    ("policy_decisions", Counter, "pdserve_router_policy_decisions", ("role", "policy", "outcome")),
+    ("retries", Counter, "pdserve_router_retries", ("role",)),
+    ("breaker_opened", Counter, "pdserve_router_breaker_opened", ("role", "backend")),
+    ("placements", Counter, "pdserve_router_pd_placements", ("placement", "reason")),
+    ("prefill_queue_depth", Gauge, "pdserve_router_prefill_queue_depth", ()),
+    ("prefill_queue_wait_seconds", Histogram, "pdserve_router_prefill_queue_wait_seconds", ()),
+    ("adaptive_local_max_tokens", Gauge, "pdserve_router_adaptive_local_max_tokens", ()),
+    ("prefill_speed", Gauge, "pdserve_router_prefill_tokens_per_second", ("where",)),
+    ("prefill_busy_fraction", Gauge, "pdserve_router_prefill_busy_fraction", ()),
+]
+PROMETHEUS_TYPES = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}
+
+
+def test_the_table_holds_the_metrics_the_router_always_had() -> None:
+    assert [(spec.attribute, spec.kind, spec.name, spec.labels) for spec in METRICS] == EXPECTED
+    assert all(spec.help for spec in METRICS)
+
+
+def test_every_metric_is_registered_under_its_name() -> None:
+    metrics = RouterMetrics.create()
+    families = {family.name: family.type for family in metrics.registry.collect()}
+    assert families == {name: PROMETHEUS_TYPES[kind] for _, kind, name, _ in EXPECTED}
+
+
+def test_each_attribute_is_declared_with_the_kind_its_row_builds() -> None:
+    hints = get_type_hints(RouterMetrics)
+    assert set(hints) - {"registry"} == {spec.attribute for spec in METRICS}
+    metrics = RouterMetrics.create()
+    for spec in METRICS:
+        assert hints[spec.attribute] is spec.kind
+        assert type(getattr(metrics, spec.attribute)) is spec.kind
+
+
+def test_the_histograms_keep_their_buckets() -> None:
+    buckets = {spec.attribute: spec.buckets for spec in METRICS if spec.kind is Histogram}
+    assert buckets == {"added_seconds": ADDED_BUCKETS, "kv_handoff_seconds": LATENCY_BUCKETS,
+                       "prefill_seconds": LATENCY_BUCKETS, "first_byte_seconds": LATENCY_BUCKETS,
+                       "prefill_queue_wait_seconds": LATENCY_BUCKETS}
+    metrics = RouterMetrics.create()
+    metrics.added_seconds.observe(0.0003)
+    bucket = "pdserve_router_added_seconds_bucket"
+    assert metrics.registry.get_sample_value(bucket, {"le": "0.00025"}) == 0
+    assert metrics.registry.get_sample_value(bucket, {"le": "0.0005"}) == 1
