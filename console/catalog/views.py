@@ -6,7 +6,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from console.catalog.forms import BaseModelForm, QuantizeForm, RegisterForm
-from console.catalog.jobs import JobError, cancel_job, reap_orphans, start_job
+from console.catalog.jobs import JobError, cancel_job, start_job
 from console.catalog.models import BaseModel, QuantizationJob, Variant
 from console.catalog.services import RegistrationError, register_variant, reinspect
 
@@ -26,8 +26,7 @@ def _context(**forms: object) -> dict[str, object]:
 
 
 def _jobs_context() -> dict[str, object]:
-    # Reading the jobs is when a job orphaned by a killed worker is noticed.
-    reap_orphans()
+    # Read only: the supervise daemon fails jobs orphaned by a killed worker.
     return {"jobs": QuantizationJob.objects.select_related("base", "source")[:20]}
 
 

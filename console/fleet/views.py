@@ -14,7 +14,7 @@ from console.fleet.services import local_node, save_manual_node
 
 
 def _context(form: NodeForm | None = None, error: str = "") -> dict[str, object]:
-    local_node()
+    # Read only: the supervise daemon rediscovers the local node; "Discover" does it now.
     return {"nodes": Node.objects.prefetch_related("gpus"), "form": form or NodeForm(),
             "error": error}
 

@@ -145,3 +145,31 @@ def test_nodes_page_adds_a_node_and_shows_the_local_one(owner: User) -> None:
     html = browser.get("/nodes/").content.decode()
     assert f'data-node="{local_node().name}"' in html
     assert 'data-node="gpu-b"' in html and "0: NVIDIA L4 (24 GiB)" in html
+
+
+@pytest.mark.parametrize("path", ["/nodes/", "/api/v1/nodes/"])
+def test_reading_the_fleet_discovers_nothing(owner: User, path: str) -> None:
+    # Discovery is the supervise daemon's and the Discover button's: a GET only reads.
+    client = Client()
+    client.force_login(owner)
+    Node.objects.all().delete()
+    assert client.get(path).status_code == 200
+    assert not Node.objects.exists()
+
+    node = local_node()
+    Node.objects.filter(pk=node.pk).update(memory_bytes=1,
+                                           discovered_at=timezone.now() - timedelta(days=1))
+    before = list(Node.objects.values())
+    assert client.get(path).status_code == 200
+    assert list(Node.objects.values()) == before
+
+
+def test_discovering_by_hand_finds_this_machine(owner: User, api: APIClient) -> None:
+    Node.objects.all().delete()
+    browser = Client()
+    browser.force_login(owner)
+    assert browser.post("/nodes/discover/").status_code == 302
+    assert Node.objects.get().is_local
+    Node.objects.all().delete()
+    assert api.post("/api/v1/nodes/discover").json()["is_local"] is True
+    assert Node.objects.get().is_local

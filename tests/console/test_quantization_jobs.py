@@ -202,6 +202,8 @@ def test_a_job_whose_worker_stopped_beating_is_failed_and_its_files_removed(
     QuantizationJob.objects.filter(pk=job.pk).update(
         state=State.RUNNING, pid=builder.pid, heartbeat_at=timezone.now() - timezone.timedelta(seconds=60))
 
+    # What the supervise daemon runs every tick (a GET only reads).
+    jobs.reap_orphans()
     body = api.get(f"{URL}{job.pk}/").json()
     assert body["state"] == "failed"
     assert "worker stopped while building" in body["error"]
@@ -225,6 +227,24 @@ def test_a_fresh_heartbeat_is_left_alone_and_an_unrelated_pid_is_not_killed(base
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.parametrize("path", ["/models/", "/models/jobs/", "/models/variants/", URL, "{job}"])
+def test_reading_the_jobs_changes_nothing(base: BaseModel, owner: User, path: str) -> None:
+    # A job whose worker stopped beating stays running until the supervise daemon reaps it:
+    # no GET, of a page or of the API, does the daemon's work.
+    job = jobs.start_job(base, scheme="w4a16", method="rtn")
+    partial = partial_dir(Path(job.path))
+    partial.mkdir()
+    QuantizationJob.objects.filter(pk=job.pk).update(
+        state=State.RUNNING, heartbeat_at=timezone.now() - timezone.timedelta(seconds=60))
+    before = list(QuantizationJob.objects.values())
+    client = Client()
+    client.force_login(owner)
+    response = client.get(path.format(job=f"{URL}{job.pk}/"))
+    assert response.status_code == 200
+    assert list(QuantizationJob.objects.values()) == before
+    assert partial.exists()
 
 
 # ---- pages -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from console.catalog.api.serializers import (
     StartQuantizationSerializer,
     VariantSerializer,
 )
-from console.catalog.jobs import JobError, cancel_job, reap_orphans, start_job
+from console.catalog.jobs import JobError, cancel_job, start_job
 from console.catalog.models import BaseModel, QuantizationJob, Variant
 from console.catalog.services import RegistrationError, register_variant, reinspect
 
@@ -55,8 +55,7 @@ class QuantizationJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, v
     """Quantization jobs: start one (202), follow it, cancel it."""
 
     def get_queryset(self) -> QuerySet[QuantizationJob]:
-        # Reading the jobs is when a job orphaned by a killed worker is noticed.
-        reap_orphans()
+        # Read only: the supervise daemon fails jobs orphaned by a killed worker.
         found = QuantizationJob.objects.select_related("base", "source")
         base = self.request.query_params.get("base")
         return found.filter(base__name=base) if base else found

@@ -21,10 +21,6 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
     def get_queryset(self) -> QuerySet[Node]:
         return Node.objects.prefetch_related("gpus")
 
-    def list(self, request: Request, *args: object, **kwargs: object) -> Response:
-        local_node()  # the list always shows this machine, discovered on first use
-        return super().list(request, *args, **kwargs)
-
     def perform_create(self, serializer: NodeSerializer) -> None:  # type: ignore[override]
         serializer.instance = save_manual_node(None, serializer.to_model_fields())
 
