@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 
 from inference.launch import LaunchError, WorkerSpec, build_command
+from inference.process_groups import stop_group
 
 PROMPTS_FILE = Path(__file__).with_name("gate_prompts.json")
 DEFAULT_PROMPTS = 8
@@ -282,6 +283,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def server_command(server: ReferenceServer, port: int) -> tuple[list[str], dict[str, str]]:
+    """The reference server's argv and environment, for whoever starts it."""
+    return build_command(WorkerSpec(
+        role="colocated", model_path=server.model_path, served_model_name=server.served_model_name,
+        port=port, max_model_len=server.max_model_len, dtype=server.dtype,
+        cpu_cores=server.cores, kv_cache_gib=server.kv_cache_gib, data_dir=server.data_dir,
+    ))
+
+
 @contextmanager
 def running_server(server: ReferenceServer, log_path: Path | None = None,
                    timeout_s: float = SERVER_START_TIMEOUT_S,
@@ -290,11 +300,7 @@ def running_server(server: ReferenceServer, log_path: Path | None = None,
     (its whole process group). ``started`` receives the process, for whoever must be able to
     stop it from elsewhere."""
     port = server.port or free_port()
-    argv, env = build_command(WorkerSpec(
-        role="colocated", model_path=server.model_path, served_model_name=server.served_model_name,
-        port=port, max_model_len=server.max_model_len, dtype=server.dtype,
-        cpu_cores=server.cores, kv_cache_gib=server.kv_cache_gib, data_dir=server.data_dir,
-    ))
+    argv, env = server_command(server, port)
     log = open(log_path, "ab") if log_path else tempfile.TemporaryFile()  # noqa: SIM115
     process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
@@ -305,7 +311,7 @@ def running_server(server: ReferenceServer, log_path: Path | None = None,
         _wait_healthy(url, process, timeout_s)
         yield url
     finally:
-        _stop_group(process)
+        stop_group(process)
         log.close()
 
 
@@ -321,24 +327,6 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) 
             pass
         time.sleep(0.5)
     raise GateError(f"the reference server at {url} was not healthy within {timeout_s:.0f} s")
-
-
-def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait_s)
-            # The leader is gone; engine subprocesses of its group must not outlive it.
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            break
-        except subprocess.TimeoutExpired:
-            continue
-        break
-    process.wait()
 
 
 def format_table(report: GateReport) -> str:

@@ -1,7 +1,10 @@
-"""The supervisor: spawns the processes of running deployments and keeps the table true.
+"""The supervisor: the process engine (console/supervisor/engine.py) driven by the plans of
+running deployments, the gates, and the requests of other processes.
 
 Each tick runs a few small steps, each returning whether it did anything:
-``reap`` (notice exits), ``reconcile`` (start what should run, stop what should not),
+``reap`` (notice exits), ``check_owners`` (stop requested processes nobody waits for),
+``start_requested`` (spawn and release requested processes), ``reconcile`` (start what
+should run, stop what should not),
 ``check_health`` (starting -> ready), ``gates`` (output gates once the workers are ready),
 ``pools`` (a running router's pools follow plan changes, see pools.py) and ``sweep`` (old
 shared-storage KV files). A worker that leaves a running plan is stopped once its router has
@@ -12,68 +15,43 @@ the router is left out while ``router_hold`` names a reason.
 from __future__ import annotations
 
 import logging
-import os
 import queue
-import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO
 
-import httpx
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
+from console.catalog.builder import reap_orphans as reap_builders
 from console.control.pools import PoolSync
 from console.control.worker_specs import ProcessSpec, kv_channel, process_specs
 from console.deployments.models import Deployment
+from console.fleet.services import local_node
 from console.live.broadcast import log_messages, send_all
 from console.live.collector import MetricsCollector, ScrapeTarget
-from console.live.logstore import CapturedLine, LogStore, clean_line
+from console.live.logstore import LogStore
 from console.quality.gates import GateRunner
+from console.quality.measure import reap_orphans as reap_measurements
 from console.quality.services import router_hold
+from console.supervisor.capture import CapturedLine
+from console.supervisor.engine import STOP_GRACE_S, Child, ProcessEngine
 from console.supervisor.models import ManagedProcess
-from console.supervisor.processes import is_same_process, kill_group
 from inference.kv_channels import SharedStorageChannel
 
 log = logging.getLogger("pdserve.supervisor")
 
 State = ManagedProcess.State
-MAX_BACKOFF_S = 30.0
-STOP_GRACE_S = 20.0
 SWEEP_EVERY_S = 30.0
+HOUSEKEEPING_EVERY_S = 5.0
 
 
 @dataclass
-class Child:
-    record_id: int
-    deployment_id: int
-    slot: str
-    popen: subprocess.Popen[bytes]
-    capture: threading.Thread
-    stop_deadline: float | None = None
-    next_probe: float = 0.0
-
-
-@dataclass
-class Backoff:
-    failures: int = 0
-    retry_at: float = 0.0
-
-
-@dataclass
-class Supervisor:
-    log_dir: Path = field(default_factory=lambda: Path(settings.PDSERVE_LOG_DIR))
-    probe_timeout_s: float = 0.5
-    children: dict[int, Child] = field(default_factory=dict)
-    backoff: dict[tuple[int, str], Backoff] = field(default_factory=dict)
+class Supervisor(ProcessEngine):
     last_sweep: float = 0.0
+    last_housekeeping: float = 0.0
     prepared: set[int] = field(default_factory=set)
-    captured: queue.SimpleQueue[CapturedLine] = field(default_factory=queue.SimpleQueue)
     log_store: LogStore = field(
         default_factory=lambda: LogStore(retention_lines=settings.PDSERVE_LOG_RETENTION_LINES)
     )
@@ -81,73 +59,38 @@ class Supervisor:
     pools: PoolSync = field(default_factory=PoolSync)
 
     def __post_init__(self) -> None:
-        self.http = httpx.Client(timeout=self.probe_timeout_s)
+        super().__post_init__()
         self._writer_stop = threading.Event()
         self._writer: threading.Thread | None = None
         self._collector: MetricsCollector | None = None
 
     # ---- start-up ----------------------------------------------------------------------
     def recover(self) -> int:
-        """Mark records a previous supervisor left as alive. Returns how many were fixed."""
-        fixed = 0
-        for record in ManagedProcess.objects.filter(state__in=ManagedProcess.ALIVE_STATES):
-            if is_same_process(record.pid, record.started_at):
-                # Still running but nobody supervises it: it would hold its ports forever.
-                kill_group(record.pid, signal.SIGKILL)
-                error = "orphaned by a previous supervisor; killed"
-            else:
-                error = "process gone when the supervisor started"
-            ManagedProcess.objects.filter(pk=record.pk).update(
-                state=State.FAILED, last_error=error, pid=None, updated=timezone.now()
-            )
-            fixed += 1
-        return fixed + self.gates.recover()
+        """Fix the rows and gates a previous supervisor left alive. Returns how many."""
+        return super().recover() + self.gates.recover()
 
     # ---- the loop ----------------------------------------------------------------------
     def tick(self) -> bool:
         did = self.reap()
+        did = self.check_owners() or did
+        did = self.start_requested() or did
         did = self.reconcile() or did
         did = self.check_health() or did
         did = self.gates.step() or did
         did = self.pools.step() or did
+        did = self.housekeeping() or did
         return self.sweep() or did
 
-    def reap(self) -> bool:
-        did = False
-        for record_id, child in list(self.children.items()):
-            code = child.popen.poll()
-            if code is None:
-                if child.stop_deadline is not None and time.monotonic() > child.stop_deadline:
-                    kill_group(child.popen.pid, signal.SIGKILL)
-                continue
-            did = True
-            # The leader is gone; make sure no engine subprocess of its group outlives it.
-            kill_group(child.popen.pid, signal.SIGKILL)
-            child.capture.join(timeout=5)
-            del self.children[record_id]
-            if child.stop_deadline is not None:
-                ManagedProcess.objects.filter(pk=record_id).update(
-                    state=State.STOPPED, exit_code=code, pid=None, updated=timezone.now()
-                )
-                continue
-            key = (child.deployment_id, child.slot)
-            record = ManagedProcess.objects.filter(pk=record_id).first()
-            if record is None:
-                # Deleted (with its deployment, in the admin) while it ran: nothing to record.
-                self.backoff.pop(key, None)
-                continue
-            backoff = self.backoff.setdefault(key, Backoff())
-            backoff.failures += 1
-            delay = min(MAX_BACKOFF_S, 2.0 ** (backoff.failures - 1))
-            backoff.retry_at = time.monotonic() + delay
-            last_line = next((line for line in reversed(record.tail(20)) if line.strip()), "")
-            error = f"exited with code {code}; restarting in {delay:.0f} s. Last log line: {last_line}"
-            log.warning("%s: %s", record, error)
-            ManagedProcess.objects.filter(pk=record_id).update(
-                state=State.FAILED, exit_code=code, pid=None, last_error=error[:500],
-                updated=timezone.now(),
-            )
-        return did
+    def housekeeping(self) -> bool:
+        """What no GET handler may do: fail the jobs and measurements whose Celery worker died,
+        and keep the local node's discovered facts fresh."""
+        now = time.monotonic()
+        if now - self.last_housekeeping < HOUSEKEEPING_EVERY_S:
+            return False
+        self.last_housekeeping = now
+        reaped = reap_builders() + reap_measurements()
+        local_node()  # rediscovers once its facts are older than the fleet's maximum age
+        return reaped > 0
 
     def reconcile(self) -> bool:
         did = False
@@ -173,9 +116,11 @@ class Supervisor:
                 self._spawn(deployment, spec, fresh_start=fresh_start)
                 did = True
         for child in list(self.children.values()):
+            if child.kind not in ManagedProcess.PLANNED_KINDS:
+                continue  # requested processes stop on their requester's word
             if (child.deployment_id, child.slot) not in running_slots and child.stop_deadline is None:
                 if self._drained(child):
-                    self._stop(child)
+                    self.stop(child)
                     did = True
         return did
 
@@ -185,32 +130,6 @@ class Supervisor:
         if record is None:
             return True
         return self.pools.drained(record.deployment, record.role, record.url)
-
-    def check_health(self) -> bool:
-        did = False
-        now = time.monotonic()
-        for child in self.children.values():
-            if child.stop_deadline is not None or now < child.next_probe:
-                continue
-            record = ManagedProcess.objects.filter(pk=child.record_id).first()
-            if record is None:
-                continue  # its row was deleted in the admin; reap() forgets it once it exits
-            healthy = self._probe(record.url)
-            child.next_probe = now + (1.0 if record.state == State.STARTING else 2.0)
-            if healthy and record.state == State.STARTING:
-                ManagedProcess.objects.filter(pk=record.pk).update(
-                    state=State.READY, ready_at=timezone.now(), last_error="",
-                    updated=timezone.now(),
-                )
-                self.backoff.pop((child.deployment_id, child.slot), None)
-                did = True
-            elif not healthy and record.state == State.READY:
-                ManagedProcess.objects.filter(pk=record.pk).update(
-                    state=State.STARTING, last_error="health check failing",
-                    updated=timezone.now(),
-                )
-                did = True
-        return did
 
     def sweep(self) -> bool:
         now = time.monotonic()
@@ -292,14 +211,9 @@ class Supervisor:
 
     # ---- stopping ----------------------------------------------------------------------
     def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
+        # Children first: a gate thread waiting on its reference server then sees it stopped.
+        self.stop_children(grace_s)
         self.gates.stop_all()
-        for child in self.children.values():
-            if child.stop_deadline is None:
-                self._stop(child, grace_s)
-        deadline = time.monotonic() + grace_s + 5
-        while self.children and time.monotonic() < deadline:
-            self.reap()
-            time.sleep(0.1)
         self.http.close()
 
     # ---- helpers -----------------------------------------------------------------------
@@ -311,64 +225,12 @@ class Supervisor:
 
     def _spawn(self, deployment: Deployment, spec: ProcessSpec, fresh_start: bool = False) -> None:
         log_path = self.log_dir / deployment.name / f"{spec.slot}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "ab")  # noqa: SIM115 - the capture thread closes it
-        header = f"=== pdserve {timezone.now().isoformat(timespec='seconds')} starting " \
-                 f"{spec.slot}: {' '.join(spec.argv)}\n".encode()
-        log_file.write(header)
-        log_file.flush()
-        popen = subprocess.Popen(  # noqa: S603 - argv built from the validated plan
-            spec.argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **spec.env},
-            cwd=str(settings.BASE_DIR),
-            # Own process group: the group is what gets stopped, engine subprocesses included,
-            # and a Ctrl-C in the operator's terminal reaches only the supervisor.
-            start_new_session=True,
-        )
-        record, created = ManagedProcess.objects.get_or_create(
+        kind = ManagedProcess.Kind.ROUTER if spec.role == "router" else ManagedProcess.Kind.WORKER
+        record, created = ManagedProcess.objects.update_or_create(
             deployment=deployment, slot=spec.slot,
-            defaults={"role": spec.role, "port": spec.port, "log_path": str(log_path)},
+            defaults={"kind": kind, "role": spec.role, "port": spec.port, "log_path": str(log_path),
+                      "env": spec.env},
         )
-        ManagedProcess.objects.filter(pk=record.pk).update(
-            role=spec.role, port=spec.port, pid=popen.pid, state=State.STARTING,
-            command=spec.argv, log_path=str(log_path), exit_code=None,
-            # Restarts count within one start of the deployment; a new start begins at 0.
-            restarts=0 if created or fresh_start else record.restarts + 1,
-            started_at=timezone.now(), ready_at=None, updated=timezone.now(),
-        )
-        self.captured.put(CapturedLine(record.pk, clean_line(header), timezone.now()))
-        capture = threading.Thread(target=self._capture, args=(record.pk, popen, log_file),
-                                   name=f"capture-{spec.slot}", daemon=True)
-        capture.start()
-        self.children[record.pk] = Child(record.pk, deployment.pk, spec.slot, popen, capture)
-        log.info("started %s/%s pid %d", deployment.name, spec.slot, popen.pid)
-
-    def _capture(self, record_id: int, popen: subprocess.Popen[bytes], log_file: IO[bytes]) -> None:
-        """Copy a child's output line by line to its log file and to the store's queue."""
-        assert popen.stdout is not None
-        try:
-            # hot path: runs once per line a worker prints
-            for raw in iter(popen.stdout.readline, b""):
-                log_file.write(raw)
-                log_file.flush()
-                self.captured.put(CapturedLine(record_id, clean_line(raw), timezone.now()))
-        finally:
-            popen.stdout.close()
-            log_file.close()
-
-    def _stop(self, child: Child, grace_s: float = STOP_GRACE_S) -> None:
-        child.stop_deadline = time.monotonic() + grace_s
-        kill_group(child.popen.pid, signal.SIGTERM)
-        ManagedProcess.objects.filter(pk=child.record_id).update(
-            state=State.STOPPING, updated=timezone.now()
-        )
-        self.backoff.pop((child.deployment_id, child.slot), None)
-
-    def _probe(self, url: str) -> bool:
-        try:
-            return self.http.get(f"{url}/health").status_code == 200
-        except httpx.HTTPError:
-            return False
+        # Restarts count within one start of the deployment; a new start begins at 0.
+        self.spawn(record, spec.argv, spec.env,
+                   restarts=0 if created or fresh_start else record.restarts + 1)

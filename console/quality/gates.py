@@ -1,11 +1,11 @@
 """The supervisor's part of the output gate: run queued gates once a deployment's workers are
 ready, each in a thread of its own (a reference vLLM server takes a minute or two to start, and
-the supervisor's tick must not wait for it)."""
+the supervisor's tick must not wait for it). The reference server is a requested row of the
+process table, spawned and stopped by the supervisor's engine like every other process."""
 
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,14 +18,16 @@ from console.deployments.models import Deployment
 from console.quality import services
 from console.quality.models import GateResult
 from console.supervisor.models import ManagedProcess
-from console.supervisor.processes import is_same_process, kill_group
+from console.supervisor.requests import ProcessFailed, supervised
 from inference.launch import LaunchError
 from inference.output_gate import (
+    SERVER_START_TIMEOUT_S,
     GateError,
     ReferenceServer,
+    free_port,
     load_prompts,
     run_gate,
-    running_server,
+    server_command,
 )
 
 log = logging.getLogger("pdserve.quality")
@@ -35,7 +37,6 @@ State = GateResult.State
 @dataclass
 class GateJob:
     thread: threading.Thread
-    reference: subprocess.Popen[bytes] | None = None
 
 
 @dataclass
@@ -44,17 +45,10 @@ class GateRunner:
     jobs: dict[int, GateJob] = field(default_factory=dict)
 
     def recover(self) -> int:
-        """Gates a previous supervisor left running will never finish: kill their reference
-        servers, still running if that supervisor was killed with SIGKILL (one that stopped
-        normally killed them), and queue the gates again."""
-        running = GateResult.objects.filter(state=State.RUNNING)
-        for gate in running.exclude(reference_pid=None):
-            if is_same_process(gate.reference_pid, gate.reference_started_at):
-                log.warning("gate #%d: killing the reference server (pid %d) a previous "
-                            "supervisor left running", gate.pk, gate.reference_pid)
-                kill_group(gate.reference_pid)
-        return running.update(state=State.QUEUED, started_at=None, reference_pid=None,
-                              reference_started_at=None)
+        """Gates a previous supervisor left running will never finish: queue them again. (Their
+        reference servers are rows of the process table, which the engine's recover killed.)"""
+        return GateResult.objects.filter(state=State.RUNNING).update(state=State.QUEUED,
+                                                                      started_at=None)
 
     def step(self) -> bool:
         """Start the queued gates whose workers are all ready; forget finished threads."""
@@ -79,10 +73,8 @@ class GateRunner:
         return did
 
     def stop_all(self, timeout_s: float = 30.0) -> None:
-        for job in self.jobs.values():
-            if job.reference is not None:
-                # The thread's next request fails, it records the error and stops the rest.
-                kill_group(job.reference.pid)
+        """Wait for the gate threads; the engine has stopped their reference servers by then, so
+        each thread's next request fails and it records the error."""
         for job in self.jobs.values():
             job.thread.join(timeout=timeout_s)
         self.jobs.clear()
@@ -93,13 +85,13 @@ class GateRunner:
             state, report, error, reference = self._evaluate(gate)
             GateResult.objects.filter(pk=gate_id).update(
                 state=state, report=report, error=error[:1000], reference=reference,
-                finished_at=timezone.now(), reference_pid=None, reference_started_at=None)
+                finished_at=timezone.now())
             log.info("gate #%d of %s: %s %s", gate_id, gate.deployment.name, state, error)
         except Exception:  # the row must not stay "running" whatever happened
             log.exception("gate #%d crashed", gate_id)
             GateResult.objects.filter(pk=gate_id).update(
                 state=State.ERROR, error="the gate crashed; see the supervisor's log",
-                finished_at=timezone.now(), reference_pid=None, reference_started_at=None)
+                finished_at=timezone.now())
         finally:
             connection.close()
 
@@ -114,19 +106,15 @@ class GateRunner:
                                  max_model_len=deployment.max_model_len,
                                  data_dir=str(settings.DATA_DIR))
         log_path = self.log_dir / deployment.name / "gate-reference.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-
-        def started(process: subprocess.Popen[bytes]) -> None:
-            self.jobs[gate.pk].reference = process
-            GateResult.objects.filter(pk=gate.pk).update(reference_pid=process.pid,
-                                                         reference_started_at=timezone.now())
-
+        port = free_port()
+        argv, env = server_command(server, port)
         try:
             prompts = load_prompts(gate.prompts)
-            with running_server(server, log_path, started=started) as url:
-                report = run_gate(url, services.candidates(deployment), prompts,
+            with supervised(ManagedProcess.Kind.GATE_REFERENCE, f"gate-{gate.pk}-reference", argv,
+                            env, log_path, port, SERVER_START_TIMEOUT_S) as process:
+                report = run_gate(process.url, services.candidates(deployment), prompts,
                                   thresholds=services.thresholds(gate))
-        except (GateError, LaunchError, OSError) as exc:
+        except (GateError, LaunchError, ProcessFailed, OSError) as exc:
             return State.ERROR, {}, f"{exc} (reference log: {log_path})", reference
         return (State.PASSED if report.passed else State.FAILED, report.as_dict(), "", reference)
 

@@ -7,6 +7,7 @@ the variant is started, timed and scored against those answers.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -21,17 +22,22 @@ from console.celery import app
 from console.fleet.models import Node
 from console.quality.models import VariantMeasurement
 from console.quality.services import original_variant
+from console.supervisor.models import ManagedProcess
+from console.supervisor.requests import ProcessFailed, supervised, this_process
 from inference.launch import LaunchError
 from inference.output_gate import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PROMPTS,
+    SERVER_START_TIMEOUT_S,
     GateError,
     ReferenceServer,
+    free_port,
     load_prompts,
     reference_answers,
     run_gate,
-    running_server,
+    server_command,
 )
+from inference.process_groups import is_same_process
 from inference.variant_speed import measure as measure_speed
 
 State = VariantMeasurement.State
@@ -84,11 +90,13 @@ def measure_variant(measurement_id: int) -> None:
 def run_measurement(measurement_id: int) -> VariantMeasurement:
     measurement = VariantMeasurement.objects.select_related("variant__base", "node").get(
         pk=measurement_id)
-    VariantMeasurement.objects.filter(pk=measurement_id).update(state=State.RUNNING)
+    worker_pid, worker_started_at = this_process()
+    VariantMeasurement.objects.filter(pk=measurement_id).update(
+        state=State.RUNNING, worker_pid=worker_pid, worker_started_at=worker_started_at)
     try:
         fields = _measure(measurement)
         fields.update(state=State.DONE)
-    except (GateError, LaunchError, OSError) as exc:
+    except (GateError, LaunchError, ProcessFailed, OSError) as exc:
         fields = {"state": State.FAILED, "error": str(exc)[:1000]}
     VariantMeasurement.objects.filter(pk=measurement_id).update(finished_at=timezone.now(), **fields)
     measurement.refresh_from_db()
@@ -104,17 +112,22 @@ def _measure(measurement: VariantMeasurement) -> dict[str, object]:
     log_dir = Path(settings.PDSERVE_LOG_DIR) / "measurements"
     log_dir.mkdir(parents=True, exist_ok=True)
 
-    def server(path: str) -> ReferenceServer:
-        return ReferenceServer(model_path=path, port=0, dtype=measurement.dtype, cores=cores,
-                               data_dir=str(settings.DATA_DIR))
+    def server(path: str, part: str, name: str) -> AbstractContextManager[ManagedProcess]:
+        """One vLLM server of the measurement (``part``: reference or variant), run by the
+        supervisor."""
+        port = free_port()
+        argv, env = server_command(ReferenceServer(model_path=path, port=port, dtype=measurement.dtype,
+                                                   cores=cores, data_dir=str(settings.DATA_DIR)), port)
+        return supervised(ManagedProcess.Kind.MEASUREMENT, f"measure-{measurement.pk}-{part}", argv,
+                          env, log_dir / f"{measurement.pk}-{name}.log", port, SERVER_START_TIMEOUT_S)
 
     prompts = load_prompts(DEFAULT_PROMPTS)
     answers = None
     if reference.pk != variant.pk:
-        with running_server(server(reference.path), log_dir / f"{measurement.pk}-reference.log") \
-                as url, httpx.Client(timeout=300) as client:
-            answers = reference_answers(client, url, prompts, DEFAULT_MAX_TOKENS)
-    with running_server(server(variant.path), log_dir / f"{measurement.pk}-{variant.name}.log") as url:
+        with server(reference.path, "reference", "reference") as process, httpx.Client(timeout=300) as client:
+            answers = reference_answers(client, process.url, prompts, DEFAULT_MAX_TOKENS)
+    with server(variant.path, "variant", variant.name) as process:
+        url = process.url
         if answers is None:  # the variant is the reference: it answers and is scored itself
             with httpx.Client(timeout=300) as client:
                 answers = reference_answers(client, url, prompts, DEFAULT_MAX_TOKENS)
@@ -123,3 +136,21 @@ def _measure(measurement: VariantMeasurement) -> dict[str, object]:
     return {"reference": f"{reference} ({measurement.dtype})", "prompt_tokens": speed.prefill_tokens,
             "prefill_tps": round(speed.prefill_tps, 1), "decode_tps": round(speed.decode_tps, 2),
             "gate": {**report.as_dict(), "speed": asdict(speed)}}
+
+
+def reap_orphans() -> int:
+    """Fail running measurements whose Celery worker is gone (killed mid-run): nobody else will
+    finish their rows, and a variant with a running measurement cannot be measured again. Their
+    vLLM servers were stopped by the supervisor, whose reason is quoted."""
+    reaped = 0
+    for measurement in VariantMeasurement.objects.filter(state=State.RUNNING):
+        if is_same_process(measurement.worker_pid, measurement.worker_started_at):
+            continue
+        servers = ManagedProcess.objects.filter(deployment=None,
+                                                slot__startswith=f"measure-{measurement.pk}-")
+        reason = "; ".join(f"{p.slot}: {p.last_error}" for p in servers if p.last_error)
+        error = f"its Celery worker (pid {measurement.worker_pid}) stopped mid-run" + \
+            (f" ({reason})" if reason else "")
+        reaped += VariantMeasurement.objects.filter(pk=measurement.pk, state=State.RUNNING).update(
+            state=State.FAILED, error=error[:1000], finished_at=timezone.now())
+    return reaped

@@ -37,10 +37,6 @@ class GateResult(models.Model):
     error = models.CharField(max_length=1000, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
-    # The reference vLLM server while the gate runs: a supervisor killed with SIGKILL leaves it
-    # running, and the next supervisor kills it by these (a pid alone may be reused).
-    reference_pid = models.PositiveIntegerField(null=True, blank=True)
-    reference_started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -87,6 +83,10 @@ class VariantMeasurement(models.Model):
     error = models.CharField(max_length=1000, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The Celery worker running it: one killed mid-run never finishes the row, so the
+    # supervise daemon fails it once this process is gone (quality/measure.py, reap_orphans).
+    worker_pid = models.PositiveIntegerField(null=True, blank=True)
+    worker_started_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created", "-pk"]

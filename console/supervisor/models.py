@@ -1,4 +1,10 @@
-"""The supervisor's process table: one row per process slot of a deployment."""
+"""The supervisor's process table: one row for every child process on this node.
+
+A deployment's workers and router are rows the supervisor keeps running from the plan. The
+other kinds are requested: whoever needs one (a gate, a Celery task) writes the row with its
+command and ``wanted=running``, waits for it to be ready, and sets ``wanted=stopped`` when done
+(console/supervisor/requests.py). The supervisor alone spawns, probes, stops and reaps them all.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +19,33 @@ class ManagedProcess(models.Model):
         STOPPING = "stopping"
         STOPPED = "stopped"
 
-    ALIVE_STATES = (State.STARTING, State.READY, State.STOPPING)
+    class Kind(models.TextChoices):
+        WORKER = "worker"
+        ROUTER = "router"
+        GATE_REFERENCE = "gate-reference"
+        MEASUREMENT = "measurement"
+        BUILDER = "builder"
 
+    class Wanted(models.TextChoices):
+        RUNNING = "running"
+        STOPPED = "stopped"
+
+    ALIVE_STATES = (State.STARTING, State.READY, State.STOPPING)
+    # Kinds of a deployment, kept running from its plan and restarted when they exit.
+    PLANNED_KINDS = (Kind.WORKER, Kind.ROUTER)
+
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.WORKER)
     deployment = models.ForeignKey("deployments.Deployment", on_delete=models.CASCADE,
-                                   related_name="processes")
-    slot = models.CharField(max_length=50)  # "prefill-0", "decode-0", "router"
-    role = models.CharField(max_length=20)  # prefill | decode | colocated | router
-    port = models.PositiveIntegerField()
+                                   related_name="processes", null=True, blank=True)
+    slot = models.CharField(max_length=50)  # "prefill-0", "decode-0", "router", "gate-7-reference"
+    role = models.CharField(max_length=20)  # prefill | decode | colocated | router | builder
+    port = models.PositiveIntegerField(null=True, blank=True)  # none: nothing to probe (a builder)
+    env = models.JSONField(default=dict, blank=True)
+    # What the requester of a requested kind wants; planned kinds follow their deployment.
+    wanted = models.CharField(max_length=10, choices=Wanted.choices, default=Wanted.RUNNING)
+    # The process that requested it: once that one is gone, nobody waits for this one.
+    owner_pid = models.PositiveIntegerField(null=True, blank=True)
+    owner_started_at = models.DateTimeField(null=True, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.STOPPED)
     command = models.JSONField(default=list)
@@ -35,10 +61,14 @@ class ManagedProcess(models.Model):
         ordering = ["deployment", "slot"]
         constraints = [
             models.UniqueConstraint(fields=["deployment", "slot"], name="process_unique_slot"),
+            # A requested process has no deployment; its slot names what it serves.
+            models.UniqueConstraint(fields=["slot"], condition=models.Q(deployment=None),
+                                    name="process_unique_requested_slot"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.deployment.name}/{self.slot} ({self.state})"
+        owner = self.deployment.name if self.deployment_id else self.kind
+        return f"{owner}/{self.slot} ({self.state})"
 
     @property
     def url(self) -> str:

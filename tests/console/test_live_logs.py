@@ -18,8 +18,9 @@ from console.asgi import application
 from console.control.runner import Supervisor
 from console.deployments.models import Deployment
 from console.live.broadcast import MAX_LINES_PER_MESSAGE, log_messages
-from console.live.logstore import MAX_LINE_CHARS, CapturedLine, LogStore, clean_line
+from console.live.logstore import LogStore
 from console.live.models import LogLine
+from console.supervisor.capture import MAX_LINE_CHARS, CapturedLine, clean_line
 from console.supervisor.models import ManagedProcess
 
 ORIGIN = (b"origin", b"http://127.0.0.1")

@@ -216,7 +216,7 @@ def test_a_restarted_process_starts_its_rates_over(supervisor: Supervisor,
                                                    deployment: Deployment, tmp_path: Path) -> None:
     first = Served(supervisor, deployment, "decode-0", vllm_text(generated=10_000, finished=50), tmp_path)
     collector.collect_once()
-    supervisor._stop(first.child, grace_s=2.0)
+    supervisor.stop(first.child, grace_s=2.0)
     first.child.popen.wait(timeout=5)
     supervisor.reap()
     Served(supervisor, deployment, "decode-0", vllm_text(generated=10_000, finished=60), tmp_path)
@@ -229,7 +229,7 @@ def test_stopping_children_are_not_scraped(supervisor: Supervisor, collector: Me
                                            deployment: Deployment, tmp_path: Path) -> None:
     served = Served(supervisor, deployment, "decode-0", vllm_text(), tmp_path)
     assert [target.record_id for target in supervisor.metric_targets()] == [served.child.record_id]
-    supervisor._stop(served.child, grace_s=5.0)
+    supervisor.stop(served.child, grace_s=5.0)
     assert supervisor.metric_targets() == []
     assert collector.collect_once() == []
 

@@ -14,8 +14,9 @@ from django.test import AsyncClient, Client
 from django.utils import timezone
 
 from console.deployments.models import Deployment
-from console.live.logstore import CapturedLine, LogStore
+from console.live.logstore import LogStore
 from console.live.timeline import find_request
+from console.supervisor.capture import CapturedLine
 from console.supervisor.models import ManagedProcess
 
 SSE = [

@@ -19,13 +19,17 @@ from rest_framework.test import APIClient
 
 from console.catalog.models import BaseModel, Variant
 from console.control import lifecycle
+from console.control.runner import Supervisor
 from console.control.status import overall_state
 from console.control.worker_specs import process_specs
 from console.deployments.models import Deployment
 from console.fleet.services import local_node
 from console.quality import services as quality
 from console.quality.advice import advice
+from console.quality.gates import GateRunner
 from console.quality.models import GateResult, VariantMeasurement
+from console.supervisor.models import ManagedProcess
+from tests.console.sockets import free_port
 from tests.console.tiny_models import QUANTIZED_W8A8, make_plan, register, use_variant
 
 QUANTIZED_W4A16: dict[str, Any] = {"quantization_config": {
@@ -292,8 +296,6 @@ def test_measurement_api_names_the_bad_field(api: APIClient, variants: dict[str,
 
 
 def test_a_gate_a_previous_supervisor_left_running_runs_again(mixed: Deployment) -> None:
-    from console.quality.gates import GateRunner
-
     lifecycle.start(mixed)
     GateResult.objects.filter(deployment=mixed).update(state="running", started_at=timezone.now())
     assert GateRunner().recover() == 1
@@ -302,30 +304,35 @@ def test_a_gate_a_previous_supervisor_left_running_runs_again(mixed: Deployment)
     assert quality.router_hold(mixed) == "waiting for the output gate"
 
 
-def test_the_reference_server_a_killed_supervisor_left_running_is_killed(mixed: Deployment) -> None:
-    from console.quality.gates import GateRunner
-
-    # Stand-ins for reference servers, each the leader of its own process group as the gate
-    # starts them: one recorded as it is, one whose pid the record names but with another start
-    # time (a pid reused since), which must be left alone.
+def test_the_reference_server_a_killed_supervisor_left_running_is_killed(mixed: Deployment,
+                                                                         tmp_path: Path) -> None:
+    # Stand-ins for reference servers, each the leader of its own process group as the
+    # supervisor starts them: one recorded as it is, one whose pid the record names but with
+    # another start time (a pid reused since), which must be left alone.
     left = subprocess.Popen(["sleep", "300"], start_new_session=True)
     reused = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         lifecycle.start(mixed)
         gate = quality.latest_gate(mixed)
-        GateResult.objects.filter(pk=gate.pk).update(
-            state="running", started_at=timezone.now(), reference_pid=left.pid,
-            reference_started_at=timezone.now())
+        GateResult.objects.filter(pk=gate.pk).update(state="running", started_at=timezone.now())
         other = GateResult.objects.create(
             deployment=mixed, trigger=gate.trigger, state="running", prompts=gate.prompts,
             min_agreement=gate.min_agreement, max_mean_delta=gate.max_mean_delta,
-            action=gate.action, reference_pid=reused.pid,
-            reference_started_at=timezone.now() - datetime.timedelta(hours=1))
-        assert GateRunner().recover() == 2
+            action=gate.action)
+        kind = ManagedProcess.Kind.GATE_REFERENCE
+        for row, process, started in ((gate, left, timezone.now()),
+                                      (other, reused, timezone.now() - datetime.timedelta(hours=1))):
+            ManagedProcess.objects.create(
+                kind=kind, slot=f"gate-{row.pk}-reference", role="colocated", port=free_port(),
+                pid=process.pid, started_at=started, state="ready", log_path=str(tmp_path / "r.log"))
+        # Both reference rows and both gates were fixed.
+        assert Supervisor(log_dir=tmp_path).recover() == 4
         assert left.wait(timeout=10) == -signal.SIGKILL
         assert reused.poll() is None
         for row in GateResult.objects.filter(pk__in=[gate.pk, other.pk]):
-            assert (row.state, row.reference_pid, row.reference_started_at) == ("queued", None, None)
+            assert (row.state, row.started_at) == ("queued", None)
+        references = ManagedProcess.objects.filter(kind=kind)
+        assert {(p.state, p.wanted, p.pid) for p in references} == {("failed", "stopped", None)}
     finally:
         for process in (left, reused):
             process.kill()

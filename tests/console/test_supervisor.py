@@ -25,9 +25,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from console.control.runner import MAX_BACKOFF_S, Backoff, Child, Supervisor
+from console.control.runner import Supervisor
 from console.control.worker_specs import ProcessSpec
 from console.deployments.models import Deployment
+from console.supervisor.engine import MAX_BACKOFF_S, Backoff, Child
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port, listening, wait_for
 

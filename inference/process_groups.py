@@ -1,0 +1,52 @@
+"""Process groups, the one way pdserve stops what it started.
+
+Every child pdserve starts leads a process group of its own (``start_new_session``), so a stop
+reaches the engine subprocesses vLLM forks too. A process is known again later, after a restart
+of whoever started it, by its pid *and* start time: a pid alone may have been reused since.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+
+import psutil
+
+# A record is written just after the spawn, so the process is a little older than it.
+START_TIME_TOLERANCE_S = 5.0
+
+
+def is_same_process(pid: int | None, started_at: datetime.datetime | None) -> bool:
+    """Whether ``pid`` is alive and still the process recorded as started at ``started_at``."""
+    if not pid or started_at is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        started = process.create_time()
+    except psutil.NoSuchProcess:
+        return False
+    return abs(started - started_at.timestamp()) < START_TIME_TOLERANCE_S
+
+
+def kill_group(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    """Send ``sig`` to the group ``pid`` leads; a group already gone is not an error."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_group(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> int:
+    """SIGTERM the group, SIGKILL it after ``grace_s``; return the leader's exit code. The group
+    is killed once the leader is gone, so no engine subprocess outlives it."""
+    kill_group(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    kill_group(process.pid, signal.SIGKILL)
+    return process.wait()

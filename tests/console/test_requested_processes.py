@@ -1,0 +1,173 @@
+"""Requested kinds of the process table (gate references, measurement servers, builders): the
+supervisor's engine spawns them from their rows, probes them, stops them when released or when
+their requester is gone, and never restarts them. Real tiny processes, no vLLM."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+import pytest
+from django.utils import timezone
+
+from console.catalog.models import BaseModel, Variant
+from console.control.runner import Supervisor
+from console.fleet.services import local_node
+from console.quality import measure
+from console.quality.models import VariantMeasurement
+from console.supervisor import requests
+from console.supervisor.models import ManagedProcess
+from tests.console.sockets import free_port, wait_for
+from tests.console.test_supervisor import HEALTH_SERVER, SLEEPER, is_gone
+from tests.console.tiny_models import register
+
+State = ManagedProcess.State
+Kind = ManagedProcess.Kind
+
+
+@pytest.fixture
+def supervisor(db: None, tmp_path: Path) -> Iterator[Supervisor]:
+    sup = Supervisor(log_dir=tmp_path / "logs")
+    yield sup
+    sup.stop_all(grace_s=1.0)
+
+
+def started_at(pid: int) -> datetime:
+    return datetime.fromtimestamp(psutil.Process(pid).create_time(), tz=timezone.get_current_timezone())
+
+
+def health_server(tmp_path: Path, status: int = 200) -> tuple[list[str], int]:
+    port = free_port()
+    status_file = tmp_path / f"status-{port}"
+    status_file.write_text(str(status))
+    return [sys.executable, "-c", HEALTH_SERVER, str(port), str(status_file)], port
+
+
+def tick_until(supervisor: Supervisor, row: ManagedProcess, *states: str, timeout: float = 15) -> None:
+    def there() -> bool:
+        supervisor.tick()
+        row.refresh_from_db()
+        return row.state in states and (row.started_at is not None)
+    wait_for(there, f"{row.slot} in {states}", timeout)
+
+
+def test_a_requested_process_is_spawned_probed_and_stopped_on_release(supervisor: Supervisor,
+                                                                      tmp_path: Path) -> None:
+    argv, port = health_server(tmp_path)
+    row = requests.request(Kind.MEASUREMENT, "measure-1-variant", argv, {"PDSERVE_X": "1"},
+                           tmp_path / "m.log", port)
+    assert (row.state, row.wanted, row.pid, row.owner_pid) == ("stopped", "running", None,
+                                                                requests.this_process()[0])
+    tick_until(supervisor, row, State.READY)
+    assert psutil.Process(row.pid).environ()["PDSERVE_X"] == "1"
+    assert row.url == f"http://127.0.0.1:{port}"
+    assert requests.wait_until(row, ready=True, timeout_s=5).state == State.READY
+
+    pid = row.pid
+    ManagedProcess.objects.filter(pk=row.pk).update(wanted="stopped")  # what release() writes
+    tick_until(supervisor, row, State.STOPPED)
+    assert row.pid is None and is_gone(pid)
+    # Never restarted: more ticks spawn nothing.
+    for _ in range(3):
+        supervisor.tick()
+    assert supervisor.children == {}
+
+
+def test_a_requested_process_whose_requester_died_is_stopped_and_failed(supervisor: Supervisor,
+                                                                        tmp_path: Path) -> None:
+    # A real process stands in for the Celery worker that asked for the server.
+    requester = subprocess.Popen([sys.executable, "-c", SLEEPER])
+    argv, port = health_server(tmp_path)
+    row = ManagedProcess.objects.create(
+        kind=Kind.MEASUREMENT, slot="measure-2-variant", role="colocated", port=port, command=argv,
+        log_path=str(tmp_path / "m.log"), owner_pid=requester.pid,
+        owner_started_at=started_at(requester.pid))
+    tick_until(supervisor, row, State.READY)
+    server = row.pid
+    requester.kill()
+    requester.wait()
+    killed = time.monotonic()
+    tick_until(supervisor, row, State.FAILED)
+    assert time.monotonic() - killed < 10
+    assert is_gone(server)
+    assert f"its requester (pid {requester.pid}) is gone" in row.last_error
+    assert row.wanted == "stopped"
+
+
+def test_a_requested_process_that_exits_is_failed_with_its_last_line_not_restarted(
+        supervisor: Supervisor, tmp_path: Path) -> None:
+    script = "print('loading'); print('no such model'); raise SystemExit(4)"
+    row = requests.request(Kind.GATE_REFERENCE, "gate-9-reference", [sys.executable, "-c", script],
+                           {}, tmp_path / "g.log", free_port())
+    tick_until(supervisor, row, State.FAILED)
+    assert row.exit_code == 4 and "no such model" in row.last_error and row.wanted == "stopped"
+    with pytest.raises(requests.ProcessFailed, match="no such model"):
+        requests.wait_until(row, ready=True, timeout_s=1)
+    supervisor.tick()
+    assert supervisor.children == {}
+
+
+def test_a_builder_without_a_port_is_ready_at_once_and_done_when_it_exits(
+        supervisor: Supervisor, tmp_path: Path) -> None:
+    row = requests.request(Kind.BUILDER, "build-3", [sys.executable, "-c", "import time; time.sleep(1)"],
+                           {}, tmp_path / "b.log", None, role="builder")
+    tick_until(supervisor, row, State.READY)
+    tick_until(supervisor, row, State.STOPPED)
+    assert (row.exit_code, row.last_error) == (0, "")
+    assert requests.wait_until(row, ready=False, timeout_s=1).state == State.STOPPED
+
+
+def test_a_request_nobody_takes_fails_naming_the_supervisor(db: None, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(requests, "PICKUP_TIMEOUT_S", 0.5)
+    row = requests.request(Kind.MEASUREMENT, "measure-4-variant", ["true"], {}, tmp_path / "x.log",
+                           free_port())
+    with pytest.raises(requests.ProcessFailed, match="manage.py supervise"):
+        requests.wait_until(row, ready=True, timeout_s=60)
+    requests.release(row)  # never started: released at once
+    row.refresh_from_db()
+    assert row.wanted == "stopped"
+
+
+def test_a_slot_still_running_is_not_requested_twice(supervisor: Supervisor, tmp_path: Path) -> None:
+    argv, port = health_server(tmp_path)
+    row = requests.request(Kind.MEASUREMENT, "measure-5-variant", argv, {}, tmp_path / "m.log", port)
+    tick_until(supervisor, row, State.READY)
+    with pytest.raises(requests.ProcessFailed, match="still running"):
+        requests.request(Kind.MEASUREMENT, "measure-5-variant", argv, {}, tmp_path / "m.log", port)
+
+
+def test_a_measurement_whose_celery_worker_died_is_failed_and_can_be_queued_again(
+        db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    variant: Variant = register(BaseModel.objects.create(name="tiny"), tmp_path, "bf16")
+    node = local_node()
+    worker = subprocess.Popen([sys.executable, "-c", SLEEPER])
+    sent: list[int] = []
+    monkeypatch.setattr(measure.measure_variant, "delay", sent.append)
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(worker.kill)
+        measurement = VariantMeasurement.objects.create(
+            variant=variant, node=node, dtype="float32", state="running", worker_pid=worker.pid,
+            worker_started_at=started_at(worker.pid))
+        ManagedProcess.objects.create(
+            kind=Kind.MEASUREMENT, slot=f"measure-{measurement.pk}-variant", role="colocated",
+            port=free_port(), state="failed", last_error="its requester (pid 1) is gone; stopped",
+            log_path=str(tmp_path / "m.log"))
+        assert measure.reap_orphans() == 0  # its worker is alive: still running
+        with pytest.raises(measure.MeasureRefused, match="already being measured"):
+            measure.queue_measurement(variant, node)
+        worker.kill()
+        worker.wait()
+        assert measure.reap_orphans() == 1
+    measurement.refresh_from_db()
+    assert measurement.state == "failed"
+    assert f"Celery worker (pid {worker.pid}) stopped mid-run" in measurement.error
+    assert "requester (pid 1) is gone" in measurement.error
+    again = measure.queue_measurement(variant, node)
+    assert again.state == "queued" and again.pk != measurement.pk
