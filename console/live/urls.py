@@ -6,4 +6,6 @@ urlpatterns = [
     # Prometheus asks for /metrics; people type /metrics/ too.
     re_path(r"^metrics/?$", views.prometheus_metrics, name="prometheus-metrics"),
     path("deployments/<slug:name>/dashboard/", views.deployment_dashboard, name="deployment-dashboard"),
+    path("deployments/<slug:name>/requests/", views.request_timeline, name="request-timeline"),
+    path("processes/<int:process_id>/log/", views.process_log, name="process-log"),
 ]

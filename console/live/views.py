@@ -1,3 +1,6 @@
+"""Pages: a deployment's live dashboard, one process's live log and one request's timeline;
+and the Prometheus export of every process's metrics."""
+
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
@@ -9,7 +12,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from console.deployments.models import Deployment
 from console.live import metrics_export
-from console.live.api.metrics import WINDOWS
+from console.live.api.views import WINDOWS
+from console.live.timeline import find_request
+from console.supervisor.models import ManagedProcess
 
 
 @login_required
@@ -17,6 +22,23 @@ def deployment_dashboard(request: HttpRequest, name: str) -> HttpResponse:
     """Live charts of one deployment: history over REST, then a point a second over a websocket."""
     deployment = get_object_or_404(Deployment, name=name)
     return render(request, "live/dashboard.html", {"deployment": deployment, "windows": list(WINDOWS)})
+
+
+@login_required
+def process_log(request: HttpRequest, process_id: int) -> HttpResponse:
+    process = get_object_or_404(ManagedProcess.objects.select_related("deployment"), pk=process_id)
+    return render(request, "logs/process.html", {"process": process})
+
+
+@login_required
+def request_timeline(request: HttpRequest, name: str) -> HttpResponse:
+    deployment = get_object_or_404(Deployment, name=name)
+    request_id = request.GET.get("id", "").strip()
+    view = find_request(deployment.pk, request_id) if request_id else None
+    # partial: what the page re-fetches while the request's timeline is not written yet
+    template = "logs/_request.html" if request.GET.get("partial") and view else "logs/request.html"
+    return render(request, template,
+                  {"deployment": deployment, "request_id": request_id, "view": view})
 
 
 @require_GET

@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from console.deployments.models import Deployment
-from console.live.api.metrics import MAX_POINTS
+from console.live.api.views import MAX_POINTS
 from console.live.models import MetricSample
 
 
