@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/v1/", include("console.live.api.urls")),
     path("api/v1/", include("console.gateway.api.urls")),
     path("api/v1/", include("console.quality.api.urls")),
+    path("api/v1/", include("console.playground.api.urls")),
     path("", include("console.live.urls")),
     path("", include("console.playground.urls")),
     path("", include("console.catalog.urls")),

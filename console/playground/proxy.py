@@ -10,35 +10,12 @@ import httpx
 
 from console.deployments.models import Deployment
 
-ALLOWED_FIELDS = {"messages", "max_tokens", "temperature", "top_p", "seed", "stop"}
 
-
-class ChatInputError(ValueError):
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-
-
-def build_body(deployment: Deployment, raw: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ChatInputError("body", f"malformed JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ChatInputError("body", "expected a JSON object")
-    unknown = sorted(set(data) - ALLOWED_FIELDS)
-    if unknown:
-        raise ChatInputError(unknown[0], f"unsupported field; allowed: {sorted(ALLOWED_FIELDS)}")
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in messages
-    ):
-        raise ChatInputError("messages", "expected a non-empty list of {role, content} strings")
-    body: dict[str, Any] = {key: data[key] for key in ALLOWED_FIELDS if key in data}
-    body.update(model=deployment.served_model_name, stream=True,
-                stream_options={"include_usage": True})
-    return body
+def build_body(deployment: Deployment, fields: dict[str, Any]) -> dict[str, Any]:
+    """The router's request: the checked chat fields (console/playground/api/serializers.py),
+    the deployment's model, streamed with usage."""
+    return {**fields, "model": deployment.served_model_name, "stream": True,
+            "stream_options": {"include_usage": True}}
 
 
 async def stream_chat(deployment_url: str, body: dict[str, Any], request_id: str,

@@ -98,6 +98,9 @@ async def test_chat_to_a_router_that_is_down_ends_with_an_error_event(
     ('{"messages": "hi"}', "messages"),
     ('{"messages": [{"role": "user"}]}', "messages"),
     ('{"messages": [{"role": "user", "content": "hi"}], "n": 3}', "n"),
+    ('{"messages": []}', "messages"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', "max_tokens"),
+    ('{"messages": [{"role": "user", "content": "hi"}], "stop": [1]}', "stop"),
 ])
 def test_bad_chat_input_names_the_field(owner: User, deployment: Deployment, payload: str,
                                         field: str) -> None:
@@ -114,6 +117,43 @@ def test_chat_needs_a_session(deployment: Deployment) -> None:
                              content_type="application/json")
     assert response.status_code == 403
     assert Client().get(f"/deployments/{deployment.name}/playground/").status_code == 302
+
+
+def test_chat_errors_are_json_whatever_the_client_accepts(owner: User,
+                                                         deployment: Deployment) -> None:
+    client = Client()
+    client.force_login(owner)
+    response = client.post(f"/api/v1/deployments/{deployment.pk}/chat/", data="{}",
+                           content_type="application/json", headers={"accept": "text/event-stream"})
+    assert response.status_code == 400
+    assert "messages" in response.json()
+    assert client.post("/api/v1/deployments/999999/chat", data="{}",
+                       content_type="application/json").status_code == 404
+
+
+def test_chat_checks_the_sessions_csrf_token(owner: User, deployment: Deployment) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(owner)
+    url = f"/api/v1/deployments/{deployment.pk}/chat"
+    refused = client.post(url, data="{}", content_type="application/json")
+    assert refused.status_code == 403 and "CSRF" in refused.json()["detail"]
+    client.get(f"/deployments/{deployment.name}/playground/")  # sets the CSRF cookie
+    token = client.cookies["csrftoken"].value
+    checked = client.post(url, data="{}", content_type="application/json",
+                          headers={"x-csrftoken": token})
+    assert checked.status_code == 400 and "messages" in checked.json()
+
+
+def test_chat_is_in_the_api_schema(owner: User) -> None:
+    client = Client()
+    client.force_login(owner)
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    [chat] = [ops["post"] for path, ops in schema["paths"].items() if path.endswith("/chat/")]
+    assert chat["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ChatRequest"}
+    assert list(chat["responses"]["200"]["content"]) == ["text/event-stream"]
+    assert set(schema["components"]["schemas"]["ChatRequest"]["properties"]) == {
+        "messages", "max_tokens", "temperature", "top_p", "seed", "stop"}
 
 
 def test_playground_page(owner: User, deployment: Deployment) -> None:

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import uuid
+
+from django.http import StreamingHttpResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.deployments.models import Deployment
+from console.gateway.router_admin import console_key
+from console.playground.api.serializers import ChatRequestSerializer
+from console.playground.proxy import build_body, stream_chat
+
+
+class DeploymentChatView(APIView):
+    """``POST /api/v1/deployments/{id}/chat``: a streamed chat through the deployment's router.
+
+    Session authentication only (the playground page), with its CSRF check; API clients with a
+    key ask the router itself.
+    """
+
+    authentication_classes = [SessionAuthentication]
+    parser_classes = [JSONParser]
+    renderer_classes = [JSONRenderer]
+
+    def perform_content_negotiation(self, request: Request,
+                                    force: bool = False) -> tuple[BaseRenderer, str]:
+        # The answer is the router's stream whatever the client accepts (an SSE client asks for
+        # text/event-stream); only errors are rendered, as JSON.
+        return super().perform_content_negotiation(request, force=True)
+
+    @extend_schema(
+        operation_id="deployments_chat",
+        request=ChatRequestSerializer,
+        responses={
+            (200, "text/event-stream"): OpenApiResponse(
+                OpenApiTypes.STR,
+                description="The router's server-sent events: chat.completion.chunk objects, "
+                            "then one with usage, then `data: [DONE]`; a router that fails or "
+                            "cannot be reached ends the stream with `data: {\"error\": "
+                            "{\"message\": ...}}`. The header X-Request-Id names the request "
+                            "for its timeline.",
+                examples=[OpenApiExample("stream", value='data: {"choices": [{"index": 0, '
+                                         '"delta": {"content": "Paris"}}]}\n\ndata: [DONE]\n\n')]),
+            400: OpenApiResponse(description="the request's fields, each with what is wrong "
+                                             "(`body` for JSON that is not an object)"),
+            404: OpenApiResponse(description="no deployment with this id"),
+        },
+    )
+    def post(self, request: Request, pk: int) -> StreamingHttpResponse | Response:
+        deployment = get_object_or_404(Deployment, pk=pk)
+        try:
+            data = request.data
+        except ParseError as exc:
+            return Response({"body": [f"malformed JSON: {exc.detail}"]},
+                            status=status.HTTP_400_BAD_REQUEST)
+        form = ChatRequestSerializer(data=data)
+        form.is_valid(raise_exception=True)
+        request_id = f"playground-{uuid.uuid4().hex[:16]}"
+        response = StreamingHttpResponse(
+            stream_chat(deployment.router_url, build_body(deployment, form.validated_data),
+                        request_id, console_key(deployment)),
+            content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Request-Id"] = request_id
+        return response
