@@ -1,8 +1,15 @@
 """The console's side of a router's admin API: the token it is started with, the console's own
-inference key, and the calls that push key sets and read key usage."""
+inference key, and the calls that push key sets and read key usage.
+
+A router that runs but gives no usable answer (timeout, refused connection, error status, a
+body of another shape) is *unreadable*: what it would have said is unknown, which is neither
+"nothing" nor "done". Reads raise ``AdminUnreadable`` for it, so no caller can take it for an
+empty answer; callers keep what they know and ask again later.
+"""
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import logging
@@ -47,35 +54,67 @@ def admin_url(deployment: Deployment) -> str:
     return f"http://{host}:{deployment.router_port}/admin"
 
 
-def _headers(deployment: Deployment) -> dict[str, str]:
+def admin_headers(deployment: Deployment) -> dict[str, str]:
     return {"Authorization": f"Bearer {admin_token(deployment)}"}
 
 
-def push_keys(deployment: Deployment, key_set: dict[str, Any]) -> bool:
-    """PUT the key set to the deployment's router. False when it is not running or refuses;
-    the supervisor's key sync pushes again once it answers (console/gateway/sync.py)."""
-    if not deployment.processes.filter(role="router", pid__isnull=False).exists():
-        return False
+class AdminUnreadable(Exception):
+    """The deployment's router gave no usable answer to an admin call; its state is unknown."""
+
+
+def router_running(deployment: Deployment) -> bool:
+    """Whether the deployment has a router process (started and not yet reaped). Without one
+    there is no admin API to ask, and no request that a router holds."""
+    return deployment.processes.filter(role="router", pid__isnull=False).exists()
+
+
+def admin_get(deployment: Deployment, path: str, timeout_s: float = TIMEOUT_S) -> Any:
+    """The JSON body of ``GET /admin<path>`` on the deployment's router. Raises
+    ``AdminUnreadable`` for anything but a 200 with a JSON body."""
+    try:
+        response = httpx.get(f"{admin_url(deployment)}{path}", headers=admin_headers(deployment),
+                             timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise AdminUnreadable(f"GET /admin{path}: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise AdminUnreadable(f"GET /admin{path}: {response.status_code} {response.text[:200]}")
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise AdminUnreadable(f"GET /admin{path}: not JSON ({exc})") from exc
+
+
+class Push(enum.Enum):
+    SENT = "sent"            # the router has the set now
+    NO_ROUTER = "no router"  # none runs; one that starts reads the key file
+    FAILED = "failed"        # it runs but did not take the set (logged); the key sync pushes again
+
+
+def push_keys(deployment: Deployment, key_set: dict[str, Any]) -> Push:
+    """PUT the key set to the deployment's router. A router that did not take it is pushed to
+    again by the supervisor's key sync, which finds its version behind (console/gateway/sync.py)."""
+    if not router_running(deployment):
+        return Push.NO_ROUTER
     try:
         response = httpx.put(f"{admin_url(deployment)}/keys", json=key_set,
-                             headers=_headers(deployment), timeout=TIMEOUT_S)
+                             headers=admin_headers(deployment), timeout=TIMEOUT_S)
     except httpx.HTTPError as exc:
-        log.info("key push to %s: router not reachable (%s)", deployment.name, exc)
-        return False
+        log.warning("key push to %s failed (%s: %s); the key sync pushes again", deployment.name,
+                    type(exc).__name__, exc)
+        return Push.FAILED
     if response.status_code != 200:
         log.warning("key push to %s refused: %d %s", deployment.name, response.status_code,
                     response.text[:300])
-        return False
-    return True
+        return Push.FAILED
+    return Push.SENT
 
 
-def fetch_usage(deployment: Deployment) -> dict[str, Any] | None:
-    try:
-        response = httpx.get(f"{admin_url(deployment)}/keys/usage", headers=_headers(deployment),
-                             timeout=TIMEOUT_S)
-    except httpx.HTTPError:
-        return None
-    if response.status_code != 200:
-        return None
-    data = response.json()
-    return data if isinstance(data, dict) else None
+def fetch_usage(deployment: Deployment) -> dict[str, Any]:
+    """The router's ``GET /admin/keys/usage``: ``{"version": ..., "keys": {id: {...}}}``.
+    Raises ``AdminUnreadable`` when it gives no such answer: its usage is then unknown, which
+    must not be taken for "no use"."""
+    data = admin_get(deployment, "/keys/usage")
+    if not (isinstance(data, dict) and isinstance(data.get("version"), str)
+            and isinstance(data.get("keys"), dict)):
+        raise AdminUnreadable(f"GET /admin/keys/usage: not a usage answer: {str(data)[:200]}")
+    return data

@@ -1,7 +1,8 @@
 """Keeping routers and the console in step, from the supervisor: every few seconds each running
 router reports key usage (stored as ``last_used_at``) and the version of its key set; a router
 whose version is not the console's (it started while keys changed, or missed a push) gets the
-current set."""
+current set. A router whose usage cannot be read is skipped for the round, logged, and asked
+again the next: the stored times stay as they are, and no key set is pushed on a guess."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import threading
 from django.db import connection
 
 from console.deployments.models import Deployment
-from console.gateway.router_admin import fetch_usage, push_keys
+from console.gateway.router_admin import AdminUnreadable, fetch_usage, push_keys
 from console.gateway.services import key_set, record_usage
 from console.supervisor.models import ManagedProcess
 
@@ -31,15 +32,20 @@ class KeySync:
         ready = ManagedProcess.objects.filter(role="router", state=ManagedProcess.State.READY)
         answered = 0
         for deployment in Deployment.objects.filter(pk__in=ready.values("deployment")):
-            usage = fetch_usage(deployment)
-            if usage is None:
+            try:
+                usage = fetch_usage(deployment)
+            except AdminUnreadable as exc:
+                # Unknown, not "unused": nothing is recorded or pushed on it.
+                log.warning("key usage of %s unreadable (%s); stored values kept, asking again "
+                            "next round", deployment.name, exc)
                 continue
             answered += 1
             record_usage(usage)
             wanted = key_set(deployment)
-            if usage.get("version") != wanted["version"]:
+            if usage["version"] != wanted["version"]:
                 log.info("router of %s has key set %r, not %r: pushing", deployment.name,
-                         usage.get("version"), wanted["version"])
+                         usage["version"], wanted["version"])
+                # A failed push is logged there; the next round finds the version behind again.
                 push_keys(deployment, wanted)
         return answered
 

@@ -1,11 +1,14 @@
 """API keys in the console: REST API and page (the key shown once, only its hash stored, scope,
 revocation, 400 naming the field), the key file and admin token a router starts with, and keys
-pushed to a real router process and its usage read back."""
+pushed to a real router process and its usage read back (and not taken for "unused" while that
+router does not answer)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import stat
 import subprocess
 from collections.abc import Callable, Iterator
@@ -260,6 +263,35 @@ def test_keys_reach_a_running_router_and_its_usage_comes_back(
     current = httpx.get(f"{base}/admin/keys", headers=auth, timeout=5).json()
     assert current["version"] == key_set(deployment)["version"]
     assert models(base, None).status_code == 401
+
+
+def test_usage_of_a_router_that_does_not_answer_is_unknown_and_read_again_later(
+        api: APIClient, running_router: tuple[Deployment, str], caplog: pytest.LogCaptureFixture,
+        django_capture_on_commit_callbacks: OnCommit) -> None:
+    deployment, base = running_router
+    with django_capture_on_commit_callbacks(execute=True):
+        key = create(api, all_deployments=True)
+    assert models(base, key["key"]).status_code == 200
+    assert KeySync().sync_once() == 1
+    used = ApiKey.objects.get(pk=key["id"]).last_used_at
+    assert used is not None
+
+    # Stopped (SIGSTOP), the router still accepts connections but answers nothing: a timeout.
+    pid = deployment.processes.get(slot="router").pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with caplog.at_level(logging.WARNING, "pdserve.gateway"):
+            assert KeySync().sync_once() == 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert (f"key usage of {deployment.name} unreadable (GET /admin/keys/usage: ReadTimeout"
+            in caplog.text)
+    assert ApiKey.objects.get(pk=key["id"]).last_used_at == used  # kept, not reset
+
+    assert models(base, key["key"]).status_code == 200
+    assert KeySync().sync_once() == 1  # read again once it answers
+    assert ApiKey.objects.get(pk=key["id"]).last_used_at > used
 
 
 def test_the_keys_api_is_in_the_openapi_schema(db: None) -> None:

@@ -1,11 +1,16 @@
 """A running plan that gains or loses a worker changes its router's pool through the router's
 admin API, with a real router process: no restart, and a removed worker is stopped only after
-the requests it has in flight finished."""
+the requests it has in flight finished. A router that stalls (stopped with SIGSTOP, so its admin
+API times out) leaves the removed worker running: unknown is not drained."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -79,10 +84,6 @@ def colocated(tmp_path: Path) -> Iterator[tuple[Deployment, list[Worker]]]:
         ManagedProcess.objects.create(deployment=deployment, slot=plan.slot, role=plan.role,
                                       port=plan.port, state=ManagedProcess.State.READY,
                                       log_path=str(tmp_path / f"{plan.slot}.log"))
-    ManagedProcess.objects.create(deployment=deployment, slot="router", role="router",
-                                  port=deployment.router_port, pid=os.getpid(),
-                                  state=ManagedProcess.State.READY,
-                                  log_path=str(tmp_path / "router.log"))
     # The router starts with the first worker only, as if the second came with a plan change.
     router = subprocess.Popen(
         [sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
@@ -90,6 +91,10 @@ def colocated(tmp_path: Path) -> Iterator[tuple[Deployment, list[Worker]]]:
          "--port", str(deployment.router_port), "--colocated", first.url],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "PDSERVE_ROUTER_ADMIN_TOKEN": admin_token(deployment)})
+    ManagedProcess.objects.create(deployment=deployment, slot="router", role="router",
+                                  port=deployment.router_port, pid=router.pid,
+                                  state=ManagedProcess.State.READY,
+                                  log_path=str(tmp_path / "router.log"))
     try:
         wait_for(lambda: _ok(f"{deployment.router_url}/health"), "the router", timeout=60)
         yield deployment, workers
@@ -157,3 +162,101 @@ def _in_flight(deployment: Deployment, url: str) -> int:
     response = httpx.get(f"{deployment.router_url}/health", timeout=5)
     backends = response.json()["roles"]["colocated"]["backends"]
     return next((b["in_flight"] for b in backends if b["url"] == url), 0)
+
+
+@contextlib.contextmanager
+def stalled(deployment: Deployment) -> Iterator[None]:
+    """The deployment's router process stopped (SIGSTOP): the kernel still accepts connections
+    on its port, but nothing answers, so every admin call times out, as on a router too busy to
+    answer in time."""
+    pid = deployment.processes.get(slot="router").pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _in_flight_on_second(deployment: Deployment, workers: list[Worker], pools: PoolSync,
+                         hold_s: float) -> tuple[WorkerPlan, list[threading.Thread],
+                                                 list[httpx.Response]]:
+    """Both workers in the pool and a request in flight on each; the second worker's answer
+    takes ``hold_s``."""
+    first, second = deployment.workers.order_by("index")
+    assert pools.step()
+    wait_for(lambda: members(deployment) == {first.url: "ready", second.url: "ready"},
+             "the second worker in the pool")
+    for worker in workers:
+        worker.hold_s = hold_s
+    results: list[httpx.Response] = []
+
+    def send() -> None:
+        results.append(httpx.post(f"{deployment.router_url}/v1/completions", timeout=30,
+                                  json={"model": "tiny", "prompt": "ab", "max_tokens": 2}))
+
+    clients = [threading.Thread(target=send) for _ in range(2)]
+    for client in clients:
+        client.start()
+    wait_for(lambda: workers[1].answered == 0 and _in_flight(deployment, second.url) == 1,
+             "a request in flight on the second worker")
+    return second, clients, results
+
+
+def test_a_removed_worker_is_not_drained_while_its_router_does_not_answer(
+        colocated: tuple[Deployment, list[Worker]], caplog: pytest.LogCaptureFixture) -> None:
+    deployment, workers = colocated
+    pools = PoolSync(sync_every_s=0, admin_timeout_s=0.5)
+    second, clients, results = _in_flight_on_second(deployment, workers, pools, hold_s=3.0)
+    url = second.url
+    second.delete()
+
+    with caplog.at_level(logging.WARNING, "pdserve.supervisor"), stalled(deployment):
+        started = time.monotonic()
+        assert not pools.drained(deployment, "colocated", url)  # unknown: keeps running
+        assert not pools.drained(deployment, "colocated", url)  # asked again: still unknown
+        assert time.monotonic() - started >= 2 * 0.5  # both calls really waited for the router
+        assert not pools.step()  # adds nothing while the pools are unknown
+    assert f"cannot read whether {url} is drained (GET /admin/backends: ReadTimeout" in caplog.text
+    assert "router admin API unreadable (GET /admin/backends: ReadTimeout" in caplog.text
+    assert workers[1].answered == 0  # its request is still in flight
+
+    # The router answers again: the drain goes on as if nothing had happened.
+    assert not pools.drained(deployment, "colocated", url)  # drain requested now
+    assert members(deployment)[url] == "draining"
+    assert not pools.drained(deployment, "colocated", url)  # still busy
+    for client in clients:
+        client.join(timeout=30)
+    assert [r.status_code for r in results] == [200, 200]
+    assert workers[1].answered == 1  # the in-flight request finished on the leaving worker
+    wait_for(lambda: pools.drained(deployment, "colocated", url), "the drain to end")
+    assert set(members(deployment)) == {deployment.workers.get().url}
+    assert "stopping" not in caplog.text
+
+
+def test_a_removed_worker_whose_router_stays_unreadable_is_stopped_at_the_drain_limit(
+        colocated: tuple[Deployment, list[Worker]], caplog: pytest.LogCaptureFixture) -> None:
+    deployment, workers = colocated
+    pools = PoolSync(sync_every_s=0, admin_timeout_s=0.3, drain_limit_s=1.5)
+    second, clients, _results = _in_flight_on_second(deployment, workers, pools, hold_s=3.0)
+    url = second.url
+    second.delete()
+
+    answers: list[tuple[float, bool]] = []
+    with caplog.at_level(logging.WARNING, "pdserve.supervisor"), stalled(deployment):
+        started = time.monotonic()
+        while not answers or not answers[-1][1]:
+            assert time.monotonic() - started < 10, "never stopped"
+            drained = pools.drained(deployment, "colocated", url)
+            answers.append((time.monotonic() - started, drained))
+    # Kept running on every read until the limit, then stopped once, saying why.
+    assert all(not drained for _at, drained in answers[:-1]) and len(answers) > 2
+    assert answers[-2][0] <= 1.5 + 0.3 + 0.1 and answers[-1][0] > 1.5
+    assert workers[1].answered == 0  # stopped with its request still in flight: the limit
+    line = re.search(r"router admin API unreadable for (\d+) s \(last error: GET /admin/backends: "
+                     r"ReadTimeout: [^)]*\); stopping (\S+) anyway", caplog.text)
+    assert line is not None, caplog.text
+    assert 1 <= int(line[1]) <= 3 and line[2] == url
+    assert pools.draining == {}
+    for client in clients:
+        client.join(timeout=30)
