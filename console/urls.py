@@ -4,12 +4,14 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.authtoken.views import obtain_auth_token
 
+from console.api_router import api_path
+
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    path("api/v1/auth/token/", obtain_auth_token, name="api-token"),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    api_path("api/v1/auth/token", obtain_auth_token, name="api-token"),
+    api_path("api/schema", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v1/", include("console.control.api.urls")),
     path("api/v1/", include("console.catalog.api.urls")),
     path("api/v1/", include("console.fleet.api.urls")),

@@ -1,10 +1,7 @@
-from rest_framework.routers import DefaultRouter
-
+from console.api_router import api_router
 from console.catalog.api.views import BaseModelViewSet, QuantizationJobViewSet, VariantViewSet
 
-router = DefaultRouter()
-router.trailing_slash = "/?"
-router.include_root_view = False
+router = api_router()
 router.register("models", BaseModelViewSet, basename="basemodel")
 router.register("variants", VariantViewSet, basename="variant")
 router.register("quantization-jobs", QuantizationJobViewSet, basename="quantizationjob")

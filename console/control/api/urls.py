@@ -1,9 +1,7 @@
-from rest_framework.routers import DefaultRouter
-
+from console.api_router import api_router
 from console.control.api.views import DeploymentViewSet
 
-# Paths work with and without the trailing slash: clients write both.
-router = DefaultRouter()
-router.trailing_slash = "/?"
+# Its root view answers /api/v1/ itself.
+router = api_router(root_view=True)
 router.register("deployments", DeploymentViewSet, basename="deployment")
 urlpatterns = router.urls

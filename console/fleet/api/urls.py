@@ -1,9 +1,6 @@
-from rest_framework.routers import DefaultRouter
-
+from console.api_router import api_router
 from console.fleet.api.views import NodeViewSet
 
-router = DefaultRouter()
-router.trailing_slash = "/?"
-router.include_root_view = False
+router = api_router()
 router.register("nodes", NodeViewSet, basename="node")
 urlpatterns = router.urls

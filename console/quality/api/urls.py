@@ -1,15 +1,10 @@
-from django.urls import path
-from rest_framework.routers import DefaultRouter
-
+from console.api_router import api_path, api_router
 from console.quality.api.views import DeploymentGateView, GateResultViewSet, MeasurementViewSet
 
-router = DefaultRouter()
-router.trailing_slash = "/?"
-router.include_root_view = False
+router = api_router()
 router.register("gate-results", GateResultViewSet, basename="gateresult")
 router.register("measurements", MeasurementViewSet, basename="measurement")
 urlpatterns = [
-    path("deployments/<int:pk>/gate", DeploymentGateView.as_view(), name="deployment-gate"),
-    path("deployments/<int:pk>/gate/", DeploymentGateView.as_view()),
+    api_path(r"deployments/(?P<pk>[0-9]+)/gate", DeploymentGateView.as_view(), name="deployment-gate"),
     *router.urls,
 ]
