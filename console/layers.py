@@ -13,6 +13,7 @@ APP_ORDER: tuple[str, ...] = (
     "catalog",      # base models, variants and their quantization jobs
     "deployments",  # plans: a deployment's workers, ports and devices
     "supervisor",   # the process table: every child process on a node
+    "quantization",  # building quantized variants, the builder a requested process
     "live",         # logs and metrics of those processes
     "checks",       # pre-flight checks of a plan against the fleet and the process table
     "gateway",      # API keys and the router's admin API

@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "console.fleet",
     "console.deployments",
     "console.supervisor",
+    "console.quantization",
     "console.live",
     "console.playground",
     "console.gateway",

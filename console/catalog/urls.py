@@ -8,7 +8,5 @@ urlpatterns = [
     path("models/new/", views.base_new, name="catalog-base-new"),
     path("models/register/", views.variant_register, name="catalog-register"),
     path("models/variants/<int:pk>/inspect/", views.variant_inspect, name="catalog-inspect"),
-    path("models/<int:pk>/quantize/", views.quantize, name="catalog-quantize"),
     path("models/jobs/", views.job_table, name="catalog-jobs"),
-    path("models/jobs/<int:pk>/cancel/", views.job_cancel, name="catalog-job-cancel"),
 ]

@@ -6,12 +6,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from console.catalog.forms import BaseModelForm, QuantizeForm, RegisterForm
-from console.catalog.jobs import JobError, cancel_job, start_job
 from console.catalog.models import BaseModel, QuantizationJob, Variant
 from console.catalog.services import RegistrationError, register_variant, reinspect
 
 
-def _context(**forms: object) -> dict[str, object]:
+def page_context(**forms: object) -> dict[str, object]:
     models = list(BaseModel.objects.prefetch_related("variants"))
     failed_quantize = forms.get("quantize_form")
     for model in models:
@@ -32,13 +31,13 @@ def _jobs_context() -> dict[str, object]:
 
 @login_required
 def catalog(request: HttpRequest) -> HttpResponse:
-    return render(request, "catalog/models.html", _context())
+    return render(request, "catalog/models.html", page_context())
 
 
 @login_required
 def variant_table(request: HttpRequest) -> HttpResponse:
     """The variants table alone: the page refreshes it while hashing runs."""
-    return render(request, "catalog/_variants.html", _context())
+    return render(request, "catalog/_variants.html", page_context())
 
 
 @login_required
@@ -46,7 +45,7 @@ def variant_table(request: HttpRequest) -> HttpResponse:
 def base_new(request: HttpRequest) -> HttpResponse:
     form = BaseModelForm(request.POST, prefix="base")
     if not form.is_valid():
-        return render(request, "catalog/models.html", _context(base_form=form), status=400)
+        return render(request, "catalog/models.html", page_context(base_form=form), status=400)
     form.save()
     return redirect("catalog")
 
@@ -63,7 +62,7 @@ def variant_register(request: HttpRequest) -> HttpResponse:
             form.add_error(exc.field, str(exc))
         else:
             return redirect("catalog")
-    return render(request, "catalog/models.html", _context(register_form=form), status=400)
+    return render(request, "catalog/models.html", page_context(register_form=form), status=400)
 
 
 @login_required
@@ -77,30 +76,3 @@ def variant_inspect(request: HttpRequest, pk: int) -> HttpResponse:
 def job_table(request: HttpRequest) -> HttpResponse:
     """The quantization jobs alone: the page refreshes it every second."""
     return render(request, "catalog/_jobs.html", _jobs_context())
-
-
-@login_required
-@require_POST
-def quantize(request: HttpRequest, pk: int) -> HttpResponse:
-    base = get_object_or_404(BaseModel, pk=pk)
-    form = QuantizeForm(request.POST, prefix=f"quantize-{base.pk}")
-    if form.is_valid():
-        options = {key: value for key, value in form.cleaned_data.items() if value not in (None, "")}
-        try:
-            start_job(base, **options)
-        except JobError as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, str(exc))
-        else:
-            return redirect("catalog")
-    return render(request, "catalog/models.html", _context(quantize_form=form, quantize_base=base.pk),
-                  status=400)
-
-
-@login_required
-@require_POST
-def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    try:
-        cancel_job(get_object_or_404(QuantizationJob, pk=pk))
-    except JobError:
-        pass  # it finished meanwhile: the table shows how
-    return redirect("catalog")

@@ -1,12 +1,12 @@
 """The supervisor: the process engine (console/supervisor/engine.py) driven by the plans of
 running deployments, the gates, and the requests of other processes.
 
-Each tick runs a few small steps, each returning whether it did anything:
-``reap`` (notice exits), ``check_owners`` (stop requested processes nobody waits for),
-``start_requested`` (spawn and release requested processes), ``reconcile`` (start what
-should run, stop what should not),
-``check_health`` (starting -> ready), ``gates`` (output gates once the workers are ready),
-``pools`` (a running router's pools follow plan changes, see pools.py) and ``sweep`` (old
+Each tick runs a few small steps, each returning whether it did anything: the engine's
+``step`` (notice exits, stop requested processes nobody waits for, spawn and release requested
+processes, probe: starting -> ready), ``reconcile`` (start what should run, stop what should
+not), ``gates`` (output gates once the workers are ready),
+``pools`` (a running router's pools follow plan changes, see pools.py), ``housekeeping``
+(jobs and measurements whose Celery worker died; the local node's facts) and ``sweep`` (old
 shared-storage KV files). A worker that leaves a running plan is stopped once its router has
 drained it. Start order: workers, then the gate, then the router;
 the router is left out while ``router_hold`` names a reason.
@@ -24,7 +24,6 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import connection
 
-from console.catalog.builder import reap_orphans as reap_builders
 from console.control.pools import PoolSync
 from console.control.worker_specs import ProcessSpec, kv_channel, process_specs
 from console.deployments.models import Deployment
@@ -35,6 +34,7 @@ from console.live.logstore import LogStore
 from console.quality.gates import GateRunner
 from console.quality.measure import reap_orphans as reap_measurements
 from console.quality.services import router_hold
+from console.quantization.builder import reap_orphans as reap_builders
 from console.supervisor.capture import CapturedLine
 from console.supervisor.engine import STOP_GRACE_S, Child, ProcessEngine
 from console.supervisor.models import ManagedProcess
@@ -71,11 +71,8 @@ class Supervisor(ProcessEngine):
 
     # ---- the loop ----------------------------------------------------------------------
     def tick(self) -> bool:
-        did = self.reap()
-        did = self.check_owners() or did
-        did = self.start_requested() or did
+        did = self.step()
         did = self.reconcile() or did
-        did = self.check_health() or did
         did = self.gates.step() or did
         did = self.pools.step() or did
         did = self.housekeeping() or did

@@ -93,6 +93,14 @@ class ProcessEngine:
         return fixed
 
     # ---- steps -------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One round over the table: exits, orphans, requests, health. Returns whether it did
+        anything."""
+        did = self.reap()
+        did = self.check_owners() or did
+        did = self.start_requested() or did
+        return self.check_health() or did
+
     def reap(self) -> bool:
         did = False
         for record_id, child in list(self.children.items()):
@@ -221,7 +229,7 @@ class ProcessEngine:
 
     # ---- spawning and stopping ---------------------------------------------------------
     def spawn(self, record: ManagedProcess, argv: list[str], env: dict[str, str],
-              restarts: int | None = None) -> Child:
+              restarts: int | None = None) -> Child | None:
         """Start ``argv`` for ``record``: its own process group, output to its log file and to
         the capture queue. The row becomes ``starting`` with the pid and start time."""
         log_path = Path(record.log_path)
@@ -231,17 +239,23 @@ class ProcessEngine:
                  f"{record.slot}: {' '.join(argv)}\n".encode()
         log_file.write(header)
         log_file.flush()
-        popen = subprocess.Popen(  # noqa: S603 - argv built from a validated plan or request
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **env},
-            cwd=str(settings.BASE_DIR),
-            # Own process group: the group is what gets stopped, engine subprocesses included,
-            # and a Ctrl-C in the operator's terminal reaches only the supervisor.
-            start_new_session=True,
-        )
+        try:
+            popen = subprocess.Popen(  # noqa: S603 - argv built from a validated plan or request
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env},
+                cwd=str(settings.BASE_DIR),
+                # Own process group: the group is what gets stopped, engine subprocesses
+                # included, and a Ctrl-C in the operator's terminal reaches only the supervisor.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            log_file.close()
+            self._unstartable(record, f"cannot start {argv[0] if argv else 'an empty command'}: "
+                                      f"{exc.strerror or exc}")
+            return None
         fields: dict[str, object] = {"restarts": restarts} if restarts is not None else {}
         ManagedProcess.objects.filter(pk=record.pk).update(
             pid=popen.pid, state=State.STARTING, command=argv, exit_code=None,
@@ -255,6 +269,22 @@ class ProcessEngine:
         log.info("started %s/%s pid %d", record.deployment.name if record.deployment_id else record.kind,
                  record.slot, popen.pid)
         return child
+
+    def _unstartable(self, record: ManagedProcess, error: str) -> None:
+        """A command that cannot even be executed: failed, and for a planned kind retried with
+        backoff like a crash (the plan may be fixed meanwhile)."""
+        log.warning("%s: %s", record.slot, error)
+        fields: dict[str, object] = {}
+        if record.kind in ManagedProcess.PLANNED_KINDS:
+            backoff = self.backoff.setdefault((record.deployment_id, record.slot), Backoff())
+            backoff.failures += 1
+            backoff.retry_at = time.monotonic() + min(MAX_BACKOFF_S, 2.0 ** (backoff.failures - 1))
+        else:
+            fields["wanted"] = ManagedProcess.Wanted.STOPPED
+        # started_at marks it taken, so a requester sees the failure instead of waiting.
+        ManagedProcess.objects.filter(pk=record.pk).update(
+            state=State.FAILED, pid=None, last_error=error[:500], started_at=timezone.now(),
+            updated=timezone.now(), **fields)
 
     def _capture(self, record_id: int, popen: subprocess.Popen[bytes], log_file: IO[bytes]) -> None:
         """Copy a child's output line by line to its log file and to the store's queue."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,15 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from console.catalog import jobs
-from console.catalog.builder import run_job
 from console.catalog.models import BaseModel, QuantizationJob, Variant
+from console.quantization import jobs
+from console.quantization.builder import run_job
+from console.supervisor.engine import ProcessEngine
+from console.supervisor.models import ManagedProcess
 from inference.quantization.output import partial_dir
+from tests.console.engine_thread import running_engine  # noqa: F401 - a fixture
 from tests.console.passwords import OUTSIDER_PASSWORD, OWNER_PASSWORD
+from tests.console.sockets import wait_for
 from tests.console.tiny_models import register, write_model
 
 State = QuantizationJob.State
@@ -147,6 +152,7 @@ def test_a_job_is_queued_with_its_defaults_and_sent_after_commit(
     assert api.get(f"{URL}{body['id']}/").json()["state"] == "queued"
 
 
+@pytest.mark.usefixtures("running_engine")
 def test_a_builder_that_refuses_the_architecture_fails_the_job_and_leaves_nothing(
         base: BaseModel, tmp_path: Path, model_dir: Path) -> None:
     # The console's own check is bypassed (the row is made directly): the builder must refuse too.
@@ -160,6 +166,10 @@ def test_a_builder_that_refuses_the_architecture_fails_the_job_and_leaves_nothin
     assert job.finished_at is not None
     assert not Variant.objects.filter(name="moe-w8").exists()
     assert list(model_dir.iterdir()) == []
+    # The supervisor ran it, as a builder row of its process table, and saw it exit.
+    builder = ManagedProcess.objects.get(slot=f"build-{job.pk}")
+    assert (builder.kind, builder.state, builder.pid) == ("builder", "failed", None)
+    assert builder.exit_code not in (None, 0)
 
 
 def test_a_missing_quantization_environment_fails_the_job_clearly(
@@ -190,24 +200,42 @@ def test_cancelling_a_running_job_asks_its_worker(base: BaseModel) -> None:
 
 
 def test_a_job_whose_worker_stopped_beating_is_failed_and_its_files_removed(
-        base: BaseModel, model_dir: Path, api: APIClient) -> None:
+        base: BaseModel, model_dir: Path, api: APIClient, tmp_path: Path) -> None:
     job = jobs.start_job(base, scheme="w4a16", method="rtn")
     partial = partial_dir(Path(job.path))
     partial.mkdir()
     (partial / "model.safetensors").write_bytes(b"half")
-    # A real process standing in for the orphaned builder: its command line names the job's
-    # directory, the way the builder's does.
-    builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", job.path],
-                               start_new_session=True)
+    # Real processes standing in for the Celery worker that was killed and for the builder it
+    # had asked the supervisor for, still running.
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    engine = ProcessEngine(log_dir=tmp_path / "logs")
+    row = ManagedProcess.objects.create(
+        kind="builder", slot=f"build-{job.pk}", role="builder", port=None,
+        command=[sys.executable, "-c", "import time; time.sleep(60)", job.path],
+        log_path=str(tmp_path / "build.log"), owner_pid=worker.pid,
+        owner_started_at=datetime.fromtimestamp(psutil.Process(worker.pid).create_time(), tz=UTC))
+    engine.step()
+    row.refresh_from_db()
+    builder = psutil.Process(row.pid)
     QuantizationJob.objects.filter(pk=job.pk).update(
-        state=State.RUNNING, pid=builder.pid, heartbeat_at=timezone.now() - timezone.timedelta(seconds=60))
+        state=State.RUNNING, pid=row.pid, heartbeat_at=timezone.now() - timezone.timedelta(seconds=60))
+    worker.kill()
+    worker.wait()
 
-    # What the supervise daemon runs every tick (a GET only reads).
-    jobs.reap_orphans()
+    # What the supervise daemon runs every few seconds (a GET only reads): while the builder
+    # runs, nothing is removed under it; once the engine stopped it, the job fails.
+    assert jobs.reap_orphans() == 0
+    assert partial.exists() and api.get(f"{URL}{job.pk}/").json()["state"] == "running"
+    try:
+        wait_for(lambda: engine.step() is not None and not builder.is_running(), "the builder's stop")
+        wait_for(lambda: engine.step() is not None and engine.children == {}, "the builder reaped")
+    finally:
+        engine.stop_children(grace_s=1.0)
+    assert jobs.reap_orphans() == 1
     body = api.get(f"{URL}{job.pk}/").json()
     assert body["state"] == "failed"
     assert "worker stopped while building" in body["error"]
-    assert builder.wait(timeout=15) is not None
+    assert not builder.is_running()
     assert not partial.exists()
 
 

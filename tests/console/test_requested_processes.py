@@ -171,3 +171,15 @@ def test_a_measurement_whose_celery_worker_died_is_failed_and_can_be_queued_agai
     assert "requester (pid 1) is gone" in measurement.error
     again = measure.queue_measurement(variant, node)
     assert again.state == "queued" and again.pk != measurement.pk
+
+
+def test_a_command_that_cannot_be_executed_fails_its_row_and_the_tick_goes_on(
+        supervisor: Supervisor, tmp_path: Path) -> None:
+    row = requests.request(Kind.BUILDER, "build-6", ["/nonexistent/python", "-m", "x"], {},
+                           tmp_path / "b.log", None, role="builder")
+    supervisor.tick()
+    row.refresh_from_db()
+    assert (row.state, row.wanted) == ("failed", "stopped")
+    assert "cannot start /nonexistent/python: No such file or directory" in row.last_error
+    with pytest.raises(requests.ProcessFailed, match="No such file"):
+        requests.wait_until(row, ready=False, timeout_s=1)

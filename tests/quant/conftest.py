@@ -60,7 +60,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @dataclass
 class QuantStack:
-    """A console (uvicorn) and a Celery worker on a data directory of their own."""
+    """A console (uvicorn), the supervisor and a Celery worker on a data directory of their own."""
 
     data_dir: Path
     env: dict[str, str]
@@ -118,6 +118,9 @@ def quant_stack(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> I
         [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
          "--port", str(port), "--no-access-log", "--lifespan", "off"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(data_dir / "console.log", "ab"))  # noqa: SIM115
+    stack.processes["supervisor"] = subprocess.Popen(
+        [sys.executable, "manage.py", "supervise"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+        stderr=open(data_dir / "supervisor.log", "ab"))  # noqa: SIM115
     stack.start_worker()
     try:
         deadline = time.monotonic() + 60

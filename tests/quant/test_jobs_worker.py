@@ -4,6 +4,7 @@ variant, a cancelled one and one whose worker was SIGKILLed leave no files and n
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -25,8 +26,9 @@ def variants(stack: QuantStack) -> dict[str, dict]:
 
 
 def the_builder(stack: QuantStack) -> psutil.Process:
-    worker = psutil.Process(stack.processes["worker"].pid)
-    builders = [p for p in worker.children(recursive=True) if "inference.quantize" in p.cmdline()]
+    # The supervisor's child, not the Celery worker's: the task asked the supervisor for it.
+    supervisor = psutil.Process(stack.processes["supervisor"].pid)
+    builders = [p for p in supervisor.children(recursive=True) if "inference.quantize" in p.cmdline()]
     assert len(builders) == 1, builders
     return builders[0]
 
@@ -74,7 +76,8 @@ def test_a_job_whose_worker_is_killed_is_failed_and_cleaned_up(quant_stack: Quan
     worker = quant_stack.processes["worker"]
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=10)
-    # The builder dies with its worker (and removes its partial directory on the way out).
+    # The supervisor stops the builder once its requester is gone (and the builder removes its
+    # partial directory on the way out).
     psutil.wait_procs([builder], timeout=30)
     assert not builder.is_running()
 
@@ -84,3 +87,60 @@ def test_a_job_whose_worker_is_killed_is_failed_and_cleaned_up(quant_stack: Quan
     assert "worker stopped while building" in failed["error"]
     assert not Path(job["path"]).exists() and not partial_dir(Path(job["path"])).exists()
     assert "w8-orphan" not in variants(quant_stack)
+
+
+def measurement(stack: QuantStack, measurement_id: int) -> dict:
+    with stack.api() as client:
+        response = client.get(f"/api/v1/measurements/{measurement_id}/")
+        response.raise_for_status()
+        return response.json()
+
+
+def vllm_servers(stack: QuantStack) -> list[psutil.Process]:
+    supervisor = psutil.Process(stack.processes["supervisor"].pid)
+    return [p for p in supervisor.children() if "vllm" in " ".join(p.cmdline())]
+
+
+def test_a_measurement_whose_worker_is_killed_stops_its_server_and_can_run_again(
+        quant_stack: QuantStack) -> None:
+    bf16 = variants(quant_stack)["bf16"]
+    with quant_stack.api() as client:
+        response = client.post("/api/v1/measurements/", json={"variant": bf16["id"], "dtype": "float32"})
+    assert response.status_code == 202, response.text
+    first = response.json()
+    # Mid-run: the supervisor has started the measurement's vLLM server for the task.
+    deadline = time.monotonic() + 120
+    while not vllm_servers(quant_stack):
+        assert time.monotonic() < deadline, measurement(quant_stack, first["id"])
+        time.sleep(0.5)
+    server = vllm_servers(quant_stack)[0]
+    assert measurement(quant_stack, first["id"])["state"] == "running"
+
+    worker = quant_stack.processes["worker"]
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=10)
+    killed = time.monotonic()
+    gone, alive = psutil.wait_procs([server], timeout=10)
+    assert alive == [], "the measurement's vLLM server outlived its Celery worker by 10 s"
+    assert time.monotonic() - killed < 10
+
+    deadline = time.monotonic() + 30  # the supervise daemon's housekeeping runs every 5 s
+    while (row := measurement(quant_stack, first["id"]))["state"] == "running":
+        assert time.monotonic() < deadline, row
+        time.sleep(0.5)
+    assert row["state"] == "failed"
+    assert f"its Celery worker (pid {worker.pid}) stopped mid-run" in row["error"]
+    assert "is gone; stopped" in row["error"]  # the supervisor's own reason, quoted
+
+    quant_stack.start_worker()
+    with quant_stack.api() as client:
+        response = client.post("/api/v1/measurements/", json={"variant": bf16["id"], "dtype": "float32"})
+    assert response.status_code == 202, response.text
+    again = response.json()
+    deadline = time.monotonic() + 420
+    while (row := measurement(quant_stack, again["id"]))["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline, row
+        time.sleep(1)
+    assert row["state"] == "done", row["error"]
+    assert row["prefill_tps"] > 0 and row["decode_tps"] > 0
+    assert vllm_servers(quant_stack) == []  # released when the measurement was done

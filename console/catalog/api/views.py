@@ -8,13 +8,10 @@ from rest_framework.response import Response
 
 from console.catalog.api.serializers import (
     BaseModelSerializer,
-    QuantizationJobSerializer,
     RegisterVariantSerializer,
-    StartQuantizationSerializer,
     VariantSerializer,
 )
-from console.catalog.jobs import JobError, cancel_job, start_job
-from console.catalog.models import BaseModel, QuantizationJob, Variant
+from console.catalog.models import BaseModel, Variant
 from console.catalog.services import RegistrationError, register_variant, reinspect
 
 
@@ -49,39 +46,3 @@ class VariantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cr
     def inspect(self, request: Request, pk: str | None = None) -> Response:
         """Read the directory again (after its files changed) and hash it anew."""
         return Response(VariantSerializer(reinspect(self.get_object())).data)
-
-
-class QuantizationJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Quantization jobs: start one (202), follow it, cancel it."""
-
-    def get_queryset(self) -> QuerySet[QuantizationJob]:
-        # Read only: the supervise daemon fails jobs orphaned by a killed worker.
-        found = QuantizationJob.objects.select_related("base", "source")
-        base = self.request.query_params.get("base")
-        return found.filter(base__name=base) if base else found
-
-    def get_serializer_class(self) -> type[serializers.Serializer]:
-        return StartQuantizationSerializer if self.action == "create" else QuantizationJobSerializer
-
-    def create(self, request: Request, *args: object, **kwargs: object) -> Response:
-        form = self.get_serializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        data = dict(form.validated_data)
-        try:
-            job = start_job(data.pop("base_model"), **data)
-        except JobError as exc:
-            return _job_error(exc)
-        return Response(QuantizationJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
-
-    @action(detail=True, methods=["post"])
-    def cancel(self, request: Request, pk: str | None = None) -> Response:
-        try:
-            job = cancel_job(self.get_object())
-        except JobError as exc:
-            return _job_error(exc)
-        return Response(QuantizationJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
-
-
-def _job_error(exc: JobError) -> Response:
-    code = status.HTTP_409_CONFLICT if exc.conflict else status.HTTP_400_BAD_REQUEST
-    return Response({exc.field: [str(exc)]}, status=code)

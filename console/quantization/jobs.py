@@ -11,8 +11,8 @@ from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from console.catalog.builder import quantize_variant, reap_orphans
 from console.catalog.models import BaseModel, QuantizationJob, Variant
+from console.quantization.builder import quantize_variant, reap_orphans
 from inference.quantization.calibration import DEFAULT_FILE
 from inference.quantization.options import (
     DEFAULT_MAX_SEQ_LEN,

@@ -1,26 +1,22 @@
-"""Running one quantization job in the Celery worker: the builder CLI as a child process.
+"""Running one quantization job from a Celery task: the builder CLI as a requested process of
+the supervisor (console/supervisor/requests.py), which alone spawns and stops it.
 
-The builder (``python -m inference.quantize``) runs in the quantization environment. Its stdout
-carries JSON progress events, its stderr the log; both are copied into the job row every
-``HEARTBEAT_S``, which is also the job's heartbeat and when a cancel request is noticed.
+The builder (``python -m inference.quantize``) runs in the quantization environment. It prints
+JSON progress events among its log lines; the task follows its log file and copies both into the
+job row every ``HEARTBEAT_S``, which is also the job's heartbeat and when a cancel request is
+noticed. A cancel releases the process; the supervisor stops it.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import queue
 import shutil
-import signal
-import subprocess
-import threading
 import time
 from collections import deque
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
 from celery.signals import worker_ready
 from django.conf import settings
 from django.db import transaction
@@ -29,12 +25,13 @@ from django.utils import timezone
 from console.catalog.models import QuantizationJob, Variant
 from console.catalog.services import RegistrationError, register_variant
 from console.celery import app
+from console.supervisor import requests
+from console.supervisor.models import ManagedProcess
 from inference.quantization.output import partial_dir
 from inference.quantization.progress import parse
 
 State = QuantizationJob.State
 LOG_TAIL_LINES = 200
-PR_SET_PDEATHSIG = 1
 # The task beats every HEARTBEAT_S while its builder runs; a running job silent for STALE_S
 # lost its worker.
 HEARTBEAT_S = 0.5
@@ -58,18 +55,19 @@ def run_job(job_id: int) -> None:
     if job.source is None:
         _finish(job, State.FAILED, error="the source variant was deleted")
         return
-    try:
-        child = subprocess.Popen(
-            _argv(job), cwd=settings.BASE_DIR, env=_env(), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True,
-            preexec_fn=_die_with_parent)
-    except OSError as exc:
-        _finish(job, State.FAILED, error=f"cannot start the builder {settings.PDSERVE_QUANT_PYTHON}: "
-                                         f"{exc.strerror or exc} (scripts/install-quant.sh creates it)")
+    python = settings.PDSERVE_QUANT_PYTHON
+    if not os.access(python, os.X_OK):
+        _finish(job, State.FAILED, error=f"cannot start the builder {python}: no such executable "
+                                         "(scripts/install-quant.sh creates it)")
         return
-    QuantizationJob.objects.filter(pk=job.pk).update(pid=child.pid)
-    job.pid = child.pid
-    _Watch(job, child).run()
+    record = requests.request(ManagedProcess.Kind.BUILDER, builder_slot(job), _argv(job), _env(),
+                              Path(settings.PDSERVE_LOG_DIR) / "builds" / f"{job.pk}.log", port=None,
+                              role="builder")
+    _Watch(job, record).run()
+
+
+def builder_slot(job: QuantizationJob) -> str:
+    return f"build-{job.pk}"
 
 
 def _argv(job: QuantizationJob) -> list[str]:
@@ -84,58 +82,66 @@ def _argv(job: QuantizationJob) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1",
-            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def _die_with_parent() -> None:
-    # In the child before exec: SIGTERM it when the worker dies (even by SIGKILL), so an
-    # orphaned builder removes its partial directory and exits instead of running on.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    # Added to the supervisor's environment when it spawns the builder.
+    return {"PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
 
 
 class _Watch:
-    """Copies the builder's output into the job row until it exits or the job is cancelled."""
+    """Follows the builder's log into the job row until it exits or the job is cancelled."""
 
-    def __init__(self, job: QuantizationJob, child: subprocess.Popen[str]) -> None:
-        self.job, self.child = job, child
-        self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
+    def __init__(self, job: QuantizationJob, record: ManagedProcess) -> None:
+        self.job, self.record = job, record
         self.log: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self.progress: dict[str, Any] = {}
         self.outcome: dict[str, Any] = {}
+        self._file: IO[str] | None = None
+        self._partial = ""
+        self._pickup_by = time.monotonic() + requests.PICKUP_TIMEOUT_S
 
     def run(self) -> None:
-        readers = [threading.Thread(target=self._read, args=(name, stream), daemon=True)
-                   for name, stream in (("stdout", self.child.stdout), ("stderr", self.child.stderr))]
-        for reader in readers:
-            reader.start()
-        open_streams = len(readers)
-        next_beat = 0.0
-        while open_streams:
-            try:
-                stream, line = self.lines.get(timeout=HEARTBEAT_S)
-            except queue.Empty:
-                stream, line = "", ""
-            if line is None:
-                open_streams -= 1
-            elif stream:
-                self._take(stream, line)
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + HEARTBEAT_S
+        try:
+            while True:
+                self._read_new_lines()
                 if self._beat():
                     self._cancel()
                     return
-        self.child.wait()
-        self._beat()
-        self._conclude()
+                self.record.refresh_from_db()
+                if self.record.pid and self.job.pid != self.record.pid:
+                    self.job.pid = self.record.pid
+                    QuantizationJob.objects.filter(pk=self.job.pk).update(pid=self.record.pid)
+                if self.record.started_at is not None and self.record.pid is None:
+                    break  # it exited: the supervisor recorded how
+                if self.record.started_at is None and time.monotonic() > self._pickup_by:
+                    requests.release(self.record)
+                    _finish(self.job, State.FAILED,
+                            error=f"no supervisor started the builder within "
+                                  f"{requests.PICKUP_TIMEOUT_S:.0f} s; is `manage.py supervise` running?")
+                    return
+                time.sleep(HEARTBEAT_S)
+            self._read_new_lines(final=True)
+            self._beat()
+            self._conclude()
+        finally:
+            if self._file is not None:
+                self._file.close()
 
-    def _read(self, name: str, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.put((name, line))
-        self.lines.put((name, None))
+    def _read_new_lines(self, final: bool = False) -> None:
+        if self._file is None:
+            try:
+                self._file = open(self.record.log_path, encoding="utf-8", errors="replace")  # noqa: SIM115
+            except FileNotFoundError:
+                return  # not spawned yet
+        data = self._partial + self._file.read()
+        lines = data.split("\n")
+        # The last piece is a line still being written, unless the builder has exited.
+        self._partial = "" if final else lines.pop()
+        for line in lines:
+            if not line.startswith("=== pdserve "):  # the supervisor's header line
+                self._take(line)
 
-    def _take(self, stream: str, line: str) -> None:
-        event = parse(line) if stream == "stdout" else None
+    def _take(self, line: str) -> None:
+        event = parse(line)
         if event is None:
             # tqdm redraws with carriage returns: keep the last state of the bar.
             text = line.rstrip("\n").split("\r")[-1].rstrip()
@@ -156,17 +162,18 @@ class _Watch:
         return QuantizationJob.objects.filter(pk=self.job.pk, cancel_requested=True).exists()
 
     def _cancel(self) -> None:
-        kill_builder(self.job)
-        self.child.wait()
+        requests.release(self.record)
         remove_outputs(self.job)
         _finish(self.job, State.CANCELLED, log="\n".join(self.log))
 
     def _conclude(self) -> None:
         log = "\n".join(self.log)
-        if self.child.returncode != 0 or self.outcome.get("event") != "done":
+        code = self.record.exit_code
+        if code != 0 or self.outcome.get("event") != "done":
             remove_outputs(self.job)
             error = self.outcome.get("error") or (
-                f"the builder exited with status {self.child.returncode}: " + "\n".join(list(self.log)[-5:]))
+                f"the builder exited with status {code}: " + "\n".join(list(self.log)[-5:])
+                if code is not None else f"the builder could not run: {self.record.last_error}")
             _finish(self.job, State.FAILED, error=error, log=log)
             return
         try:
@@ -189,34 +196,22 @@ def _finish(job: QuantizationJob, state: str, *, error: str = "", log: str | Non
 
 
 def reap_orphans(stale_after_s: float = STALE_S) -> int:
-    """Fail running jobs whose worker stopped beating, and remove what their builder wrote."""
+    """Fail running jobs whose worker stopped beating, and remove what their builder wrote. A
+    builder still running is released first (the supervisor stops it) and the job is failed on
+    a later round, once it is gone, so no file is removed under a running builder."""
     cutoff = timezone.now() - timedelta(seconds=stale_after_s)
     reaped = 0
     for job in QuantizationJob.objects.filter(state=State.RUNNING, heartbeat_at__lt=cutoff):
-        kill_builder(job)
+        builder = ManagedProcess.objects.filter(deployment=None, slot=builder_slot(job)).first()
+        if builder is not None and builder.state in ManagedProcess.ALIVE_STATES:
+            ManagedProcess.objects.filter(pk=builder.pk).update(wanted=ManagedProcess.Wanted.STOPPED)
+            continue
         remove_outputs(job)
         reaped += QuantizationJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
             state=State.FAILED, finished_at=timezone.now(), stage="failed",
             error="the job's worker stopped while building (killed or crashed); "
                   "its files were removed")
     return reaped
-
-
-def kill_builder(job: QuantizationJob, grace_s: float = 10.0) -> None:
-    """Stop the job's builder process group, if it is still alive and still the builder."""
-    if not job.pid:
-        return
-    try:
-        process = psutil.Process(job.pid)
-        # The pid may have been reused since: only a builder of this job's directory is ours.
-        if job.path not in process.cmdline():
-            return
-        os.killpg(job.pid, signal.SIGTERM)
-        process.wait(timeout=grace_s)
-    except psutil.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-    except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
-        return
 
 
 def remove_outputs(job: QuantizationJob) -> None:
