@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/v1/", include("console.catalog.api.urls")),
     path("api/v1/", include("console.quantization.api.urls")),
     path("api/v1/", include("console.fleet.api.urls")),
+    path("api/v1/", include("console.supervisor.api.urls")),
     path("api/v1/", include("console.live.api.urls")),
     path("api/v1/", include("console.gateway.api.urls")),
     path("api/v1/", include("console.quality.api.urls")),

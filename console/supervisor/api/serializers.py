@@ -10,3 +10,11 @@ class ProcessSerializer(serializers.ModelSerializer):
         model = ManagedProcess
         fields = ["id", "slot", "role", "port", "pid", "state", "restarts", "exit_code", "last_error",
                   "started_at", "ready_at"]
+
+
+class ProcessRowSerializer(ProcessSerializer):
+    """A row of the process table on its own: its deployment (none for a requested process),
+    its kind and what is wanted of it."""
+
+    class Meta(ProcessSerializer.Meta):
+        fields = ["id", "deployment", "kind", *ProcessSerializer.Meta.fields[1:], "wanted"]

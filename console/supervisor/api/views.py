@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import serializers, viewsets
+
+from console.supervisor.api.serializers import ProcessRowSerializer
+from console.supervisor.models import ManagedProcess
+
+
+@extend_schema_view(list=extend_schema(parameters=[OpenApiParameter(
+    "deployment", OpenApiTypes.INT, description="only this deployment's processes")]))
+class ProcessViewSet(viewsets.ReadOnlyModelViewSet):
+    """The process table: every child process the supervisor runs on this node, read only
+    (a deployment's start and stop, and the requesters of the other kinds, change it)."""
+
+    serializer_class = ProcessRowSerializer
+
+    def get_queryset(self) -> QuerySet[ManagedProcess]:
+        rows = ManagedProcess.objects.all()
+        deployment = self.request.query_params.get("deployment")
+        if deployment is None or self.action != "list":
+            return rows
+        if not deployment.isdigit():
+            raise serializers.ValidationError(
+                {"deployment": [f"expected a deployment id, got {deployment!r}"]})
+        return rows.filter(deployment_id=int(deployment))
