@@ -1,5 +1,6 @@
 """Every console app has the same shape: its pages in ``urls.py`` and ``views.py``, its API in
-``api/urls.py`` and ``api/views.py``; no second module of either kind."""
+``api/urls.py`` and ``api/views.py``; no second module of either kind. Beyond the modules every
+app may have, a module's name is used once in the console, so that it says what it holds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ CONSOLE = ROOT / "console"
 URL_MODULES = {"urls.py", "api/urls.py"}
 VIEW_MODULES = {"views.py", "api/views.py"}
 VIEW_DECORATORS = {"api_view", "login_required", "require_GET", "require_POST", "require_http_methods"}
+# The modules any app may have, each holding the same kind of thing in every app.
+SHARED_NAMES = {"__init__.py", "admin.py", "apps.py", "forms.py", "models.py", "serializers.py",
+                "services.py", "urls.py", "views.py"}
 VIEW_BASES = {"View", "APIView", "GenericAPIView", "ViewSet", "GenericViewSet", "ModelViewSet",
               "ReadOnlyModelViewSet"}
 
@@ -83,3 +87,13 @@ def test_the_root_urls_include_each_apps_two_url_modules_only() -> None:
     allowed = {f"console.{app}.{module}" for app in APP_ORDER for module in ("urls", "api.urls")}
     assert [name for name in included if name not in allowed] == []
     assert len(included) == len(set(included))
+
+
+def test_a_module_name_is_used_once_beyond_the_shared_ones() -> None:
+    modules = [path for path in CONSOLE.rglob("*.py")
+               if "migrations" not in path.parts and path.name not in SHARED_NAMES]
+    assert CONSOLE / "supervisor" / "engine.py" in modules
+    names: dict[str, list[str]] = {}
+    for path in modules:
+        names.setdefault(path.name, []).append(path.relative_to(CONSOLE).as_posix())
+    assert {name: sorted(paths) for name, paths in names.items() if len(paths) > 1} == {}

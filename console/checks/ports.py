@@ -9,7 +9,7 @@ from console.checks.base import Finding, Verdict, check, error, warning
 from console.checks.plan import PlanView
 from console.deployments.models import Deployment, WorkerPlan
 from console.deployments.placement import free_port
-from console.fleet import probe
+from console.fleet import port_holders
 from inference.kv_channels import NixlChannel
 
 
@@ -80,9 +80,9 @@ def port_conflict(plan: PlanView) -> Verdict:
 def port_bound(plan: PlanView) -> Verdict:
     local = plan.local_node
     own = [p for p in planned_ports(plan) if p.own and p.node_id == local.pk]
-    own_pids = set().union(*(probe.process_tree(p.pid) for p in plan.processes if p.pid))
-    failures = {p: code for p in own if (code := probe.bind_errno(p.host, p.port)) is not None}
-    holders = probe.listeners() if failures else {}
+    own_pids = set().union(*(port_holders.process_tree(p.pid) for p in plan.processes if p.pid))
+    failures = {p: code for p in own if (code := port_holders.bind_errno(p.host, p.port)) is not None}
+    holders = port_holders.listeners() if failures else {}
     taken = {p.port for p in own}
     findings: list[Finding] = []
     held_by_self = []
@@ -111,7 +111,7 @@ def _bound(planned: PlannedPort, code: int, pids: set[int], taken: set[int]) -> 
     if code == errno.EADDRNOTAVAIL:
         return error(f"{planned.label} binds {planned.host}, which is not an address of this "
                      "machine", "place the worker on the node that has this address")
-    holder = ", ".join(probe.describe_process(pid) for pid in sorted(pids)) or "another process"
+    holder = ", ".join(port_holders.describe_process(pid) for pid in sorted(pids)) or "another process"
     suggestion = free_port(planned.port + 1, taken, planned.host)
     taken.add(suggestion)
     return error(f"port {planned.port} ({planned.label}) is already bound by {holder}",
@@ -135,7 +135,7 @@ def _drift(plan: PlanView) -> list[Finding]:
             continue
         if process.state != process.State.READY or not process.pid:
             continue
-        listening = probe.listening_ports(probe.process_tree(process.pid))
+        listening = port_holders.listening_ports(port_holders.process_tree(process.pid))
         if listening and wanted not in listening:
             findings.append(warning(
                 f"drift: {process.slot} was planned on port {wanted} but listens on "

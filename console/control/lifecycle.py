@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from console.checks.runner import Report, run_checks
+from console.checks.suite import Report, run_checks
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput, save_plan
 from console.quality import services as quality

@@ -6,7 +6,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from console.checks.runner import Report
+from console.checks.suite import Report
 from console.control import lifecycle
 from console.control.status import overall_state
 from console.deployments.forms import PlanEditor

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from console.checks.runner import enforce_handshake_compat
+from console.checks.suite import enforce_handshake_compat
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.router_admin import admin_token
 from console.gateway.services import write_keys_file

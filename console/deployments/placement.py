@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
-from console.fleet.probe import bind_errno
+from console.fleet.port_holders import bind_errno
 
 ROLE_PORT_BASE = {"prefill": 8100, "decode": 8200, "colocated": 8100}
 ROUTER_PORT_BASE = 8080

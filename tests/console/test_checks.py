@@ -14,7 +14,7 @@ import pytest
 from console.catalog.hashing import hash_weights
 from console.catalog.models import BaseModel, Variant
 from console.catalog.services import ensure_variant, reinspect
-from console.checks.runner import CHECKS, run_checks
+from console.checks.suite import CHECKS, run_checks
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
 from console.fleet.services import local_node

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from console.catalog.models import Variant
 from console.checks.nixl import handshake_compat_enforced
 from console.checks.plan import PlanView
-from console.checks.runner import CHECKS, enforce_handshake_compat, run_checks
+from console.checks.suite import CHECKS, enforce_handshake_compat, run_checks
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
 from console.fleet.services import local_node

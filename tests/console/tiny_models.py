@@ -15,7 +15,7 @@ from console.catalog.models import BaseModel, Variant
 from console.catalog.services import register_variant, reinspect
 from console.checks.base import Outcome
 from console.checks.plan import PlanView
-from console.checks.runner import CHECKS
+from console.checks.suite import CHECKS
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.services import local_node
 from tests.console.sockets import free_port

@@ -1,11 +1,23 @@
-"""Running every check on a plan, in one fixed order."""
+"""The checks in their one fixed order, run together on a plan into a report."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from console.checks import context, devices, engine, kv, memory, model, nixl, nodes, ports, quant, sampling
+from console.checks import (
+    context,
+    devices,
+    inference_engine,
+    kv,
+    memory,
+    model,
+    nixl,
+    nodes,
+    ports,
+    quant,
+    sampling,
+)
 from console.checks import tokenizer as tokenizers
 from console.checks.base import Check, Outcome, Result, Severity
 from console.checks.plan import PlanView
@@ -22,8 +34,8 @@ CHECKS: tuple[Check, ...] = (
     tokenizers.tokenizer_hash,
     tokenizers.chat_template_hash,
     sampling.sampling_defaults,
-    engine.engine_version,
-    engine.engine_connector,
+    inference_engine.engine_version,
+    inference_engine.engine_connector,
     devices.device_conflict,
     ports.port_conflict,
     ports.port_bound,
