@@ -37,6 +37,10 @@ STOP_GRACE_S = 20.0
 # A requested process whose requester is gone has nobody to answer: it gets a short grace.
 ORPHAN_GRACE_S = 5.0
 OWNER_CHECK_EVERY_S = 1.0
+# A requested process dies with the supervisor (SIGTERM from the kernel, even when the supervisor
+# was SIGKILLed): its requester waits on the supervisor, and nothing else could stop it. Planned
+# workers outlive it; the next supervisor's recover() settles them. setpriv is util-linux's.
+DIE_WITH_SUPERVISOR = ["setpriv", "--pdeathsig", "TERM", "--"]
 
 
 @dataclass
@@ -239,9 +243,10 @@ class ProcessEngine:
                  f"{record.slot}: {' '.join(argv)}\n".encode()
         log_file.write(header)
         log_file.flush()
+        launch = argv if record.kind in ManagedProcess.PLANNED_KINDS else [*DIE_WITH_SUPERVISOR, *argv]
         try:
             popen = subprocess.Popen(  # noqa: S603 - argv built from a validated plan or request
-                argv,
+                launch,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

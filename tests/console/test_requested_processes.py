@@ -5,6 +5,7 @@ their requester is gone, and never restarts them. Real tiny processes, no vLLM."
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from console.fleet.services import local_node
 from console.quality import measure
 from console.quality.models import VariantMeasurement
 from console.supervisor import requests
+from console.supervisor.engine import DIE_WITH_SUPERVISOR
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port, wait_for
 from tests.console.test_supervisor import HEALTH_SERVER, SLEEPER, is_gone
@@ -177,9 +179,43 @@ def test_a_command_that_cannot_be_executed_fails_its_row_and_the_tick_goes_on(
         supervisor: Supervisor, tmp_path: Path) -> None:
     row = requests.request(Kind.BUILDER, "build-6", ["/nonexistent/python", "-m", "x"], {},
                            tmp_path / "b.log", None, role="builder")
-    supervisor.tick()
-    row.refresh_from_db()
-    assert (row.state, row.wanted) == ("failed", "stopped")
-    assert "cannot start /nonexistent/python: No such file or directory" in row.last_error
+    tick_until(supervisor, row, State.FAILED)
+    assert row.wanted == "stopped"
+    assert "/nonexistent/python: No such file or directory" in row.last_error
     with pytest.raises(requests.ProcessFailed, match="No such file"):
         requests.wait_until(row, ready=False, timeout_s=1)
+
+
+def test_a_planned_command_that_cannot_be_executed_fails_and_backs_off(
+        supervisor: Supervisor, tmp_path: Path) -> None:
+    from console.deployments.models import Deployment
+
+    deployment = Deployment.objects.first()
+    row = ManagedProcess.objects.create(deployment=deployment, slot="decode-9", role="decode",
+                                        port=free_port(), log_path=str(tmp_path / "d.log"))
+    assert supervisor.spawn(row, ["/nonexistent/vllm", "serve"], {}) is None
+    row.refresh_from_db()
+    assert (row.state, row.pid) == ("failed", None)
+    assert row.last_error == "cannot start /nonexistent/vllm: No such file or directory"
+    assert supervisor.backoff[(deployment.pk if deployment else None, "decode-9")].failures == 1
+
+
+def test_a_requested_process_dies_with_its_supervisor(db: None, tmp_path: Path) -> None:
+    # The supervisor is SIGKILLed: nothing is left to stop the reference or measurement server
+    # it ran, so the kernel does (setpriv's parent-death signal).
+    script = (
+        "import json, subprocess, sys, time\n"
+        "child = subprocess.Popen([*json.loads(sys.argv[1]), sys.executable, '-c', "
+        "'import time; time.sleep(300)'], start_new_session=True)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    supervisor = subprocess.Popen([sys.executable, "-c", script, json.dumps(DIE_WITH_SUPERVISOR)],
+                                  stdout=subprocess.PIPE, text=True)
+    assert supervisor.stdout is not None
+    server = psutil.Process(int(supervisor.stdout.readline()))
+    # Once setpriv has executed the server, the parent-death signal is set.
+    wait_for(lambda: server.cmdline()[:1] != ["setpriv"], "the server's exec")
+    supervisor.kill()
+    supervisor.wait()
+    wait_for(lambda: is_gone(server.pid), "the server's death with its supervisor", timeout=10)
