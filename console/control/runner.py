@@ -190,11 +190,12 @@ class Supervisor(ProcessEngine):
 
     # ---- metrics ------------------------------------------------------------------------
     def metric_targets(self) -> list[ScrapeTarget]:
-        """The children that should be answering, for the collector's thread."""
+        """The deployments' children that should be answering, for the collector's thread (a
+        requested process belongs to no deployment's dashboard)."""
         # A copy: the tick adds and removes children while the collector iterates.
         children = self.children.copy()
-        return [ScrapeTarget(child.record_id, child.popen.pid)
-                for child in children.values() if child.stop_deadline is None]
+        return [ScrapeTarget(child.record_id, child.popen.pid) for child in children.values()
+                if child.stop_deadline is None and child.kind in ManagedProcess.PLANNED_KINDS]
 
     def start_metrics_collector(self, interval_s: float = 1.0) -> None:
         """Scrape every child's /metrics, CPU and memory once a second, in a thread of its own."""

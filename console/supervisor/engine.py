@@ -271,8 +271,7 @@ class ProcessEngine:
         capture.start()
         child = Child(record.pk, record.deployment_id, record.slot, popen, capture, kind=record.kind)
         self.children[record.pk] = child
-        log.info("started %s/%s pid %d", record.deployment.name if record.deployment_id else record.kind,
-                 record.slot, popen.pid)
+        log.info("started %s/%s pid %d", record.owner_name, record.slot, popen.pid)
         return child
 
     def _unstartable(self, record: ManagedProcess, error: str) -> None:

@@ -67,8 +67,12 @@ class ManagedProcess(models.Model):
         ]
 
     def __str__(self) -> str:
-        owner = self.deployment.name if self.deployment_id else self.kind
-        return f"{owner}/{self.slot} ({self.state})"
+        return f"{self.owner_name}/{self.slot} ({self.state})"
+
+    @property
+    def owner_name(self) -> str:
+        """Its deployment's name, or for a requested process its kind."""
+        return self.deployment.name if self.deployment_id else self.kind
 
     @property
     def url(self) -> str:

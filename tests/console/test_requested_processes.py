@@ -5,6 +5,7 @@ their requester is gone, and never restarts them. Real tiny processes, no vLLM."
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -12,9 +13,11 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
 from console.catalog.models import BaseModel, Variant
@@ -219,3 +222,23 @@ def test_a_requested_process_dies_with_its_supervisor(db: None, tmp_path: Path) 
     supervisor.kill()
     supervisor.wait()
     wait_for(lambda: is_gone(server.pid), "the server's death with its supervisor", timeout=10)
+
+
+def test_a_requested_process_has_its_log_page_download_and_status_line(
+        supervisor: Supervisor, tmp_path: Path, client: Any, django_user_model: Any) -> None:
+    row = requests.request(Kind.GATE_REFERENCE, "gate-11-reference",
+                           [sys.executable, "-c", "print('reference loading', flush=True)"], {},
+                           tmp_path / "g.log", free_port())
+    tick_until(supervisor, row, State.FAILED)  # it exited without serving
+    user = django_user_model.objects.create_user("op", password="pw")
+    client.force_login(user)
+    page = client.get(f"/processes/{row.pk}/log/")
+    assert page.status_code == 200 and b"gate-reference / gate-11-reference" in page.content
+    download = client.get(f"/api/v1/processes/{row.pk}/logs/download")
+    assert download.status_code == 200
+    assert download["Content-Disposition"] == 'attachment; filename="gate-reference-gate-11-reference.log"'
+    out = io.StringIO()
+    call_command("supervise", "--status", stdout=out)
+    assert "gate-reference" in out.getvalue() and "gate-11-reference" in out.getvalue()
+    # Scraped for no deployment's dashboard.
+    assert supervisor.metric_targets() == []

@@ -11,12 +11,16 @@ from typing import Any
 from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.decorators import api_view
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.api_router import ID_PARAMETER
 from console.deployments.models import Deployment
+from console.live.api.serializers import LogPageSerializer, MetricHistorySerializer
 from console.live.downsample import SECOND_RETENTION, floor_minute, merge, minute_buckets
 from console.live.models import LogLine, MetricSample
 from console.supervisor.models import ManagedProcess
@@ -45,10 +49,20 @@ def _int_param(request: Request, name: str, default: int, minimum: int, maximum:
     return value
 
 
+@extend_schema(
+    parameters=[
+        ID_PARAMETER,
+        OpenApiParameter("after", int, description="lines after this sequence number (0)"),
+        OpenApiParameter("limit", int, description=f"at most this many lines (500, up to {MAX_PAGE})"),
+        OpenApiParameter("tail", int, description="instead: the last this many lines"),
+        OpenApiParameter("q", str, description="only lines containing this, in any case"),
+    ],
+    responses={200: LogPageSerializer, 400: OpenApiResponse(description="a parameter, named")},
+)
 @api_view(["GET"])
-def process_logs(request: Request, process_id: int) -> Response:
+def process_logs(request: Request, pk: int) -> Response:
     """Lines after a sequence number (the browser's backfill), optionally matching ``q``."""
-    process = get_object_or_404(ManagedProcess, pk=process_id)
+    process = get_object_or_404(ManagedProcess, pk=pk)
     after = _int_param(request, "after", 0, 0, 2**62)
     limit = _int_param(request, "limit", 500, 1, MAX_PAGE)
     tail = _int_param(request, "tail", 0, 0, MAX_PAGE)
@@ -72,24 +86,30 @@ def process_logs(request: Request, process_id: int) -> Response:
     })
 
 
+@extend_schema(parameters=[ID_PARAMETER], responses={(200, "text/plain"): OpenApiResponse(
+    OpenApiTypes.STR, description="every stored line of the process, each after its time")})
 @api_view(["GET"])
-def process_logs_download(request: Request, process_id: int) -> StreamingHttpResponse:
-    process = get_object_or_404(ManagedProcess.objects.select_related("deployment"), pk=process_id)
+def process_logs_download(request: Request, pk: int) -> StreamingHttpResponse:
+    process = get_object_or_404(ManagedProcess.objects.select_related("deployment"), pk=pk)
 
     def rows() -> Iterator[str]:
         for line in LogLine.objects.filter(process=process).order_by("seq").iterator(2000):
             yield f"{line.created.isoformat()} {line.text}\n"
 
     response = StreamingHttpResponse(rows(), content_type="text/plain; charset=utf-8")
-    filename = f"{process.deployment.name}-{process.slot}.log"
+    filename = f"{process.owner_name}-{process.slot}.log"
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
 
 
+@extend_schema(
+    parameters=[ID_PARAMETER, OpenApiParameter("window", str, enum=list(WINDOWS), default="15m")],
+    responses={200: MetricHistorySerializer, 400: OpenApiResponse(description="the window, named")},
+)
 @api_view(["GET"])
-def deployment_metrics(request: Request, deployment_id: int) -> Response:
+def deployment_metrics(request: Request, pk: int) -> Response:
     """Samples of the last ``window``: 1 s apart up to 15 minutes, at least 1 min beyond."""
-    deployment = get_object_or_404(Deployment, pk=deployment_id)
+    deployment = get_object_or_404(Deployment, pk=pk)
     name = request.query_params.get("window", "15m")
     if name not in WINDOWS:
         raise ValidationError({"window": f"must be one of {', '.join(WINDOWS)}, got {name!r}"})

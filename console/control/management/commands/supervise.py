@@ -18,7 +18,8 @@ from console.supervisor.models import ManagedProcess
 
 
 class Command(BaseCommand):
-    help = "Start, watch and restart the worker and router processes of running deployments."
+    help = ("Own every child process of this node: start, watch and restart the workers and routers "
+            "of running deployments, and run the processes gates and Celery tasks ask for.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--status", action="store_true",
@@ -74,6 +75,6 @@ class Command(BaseCommand):
             self.stdout.write("no processes")
         for row in rows:
             self.stdout.write(
-                f"{row.deployment.name:20} {row.slot:12} {row.state:9} pid={row.pid or '-':<7} "
+                f"{row.owner_name:20} {row.slot:12} {row.state:9} pid={row.pid or '-':<7} "
                 f"port={row.port} restarts={row.restarts} {row.last_error[:80]}"
             )
