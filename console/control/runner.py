@@ -226,8 +226,8 @@ class Supervisor(ProcessEngine):
         kind = ManagedProcess.Kind.ROUTER if spec.role == "router" else ManagedProcess.Kind.WORKER
         record, created = ManagedProcess.objects.update_or_create(
             deployment=deployment, slot=spec.slot,
-            defaults={"kind": kind, "role": spec.role, "port": spec.port, "log_path": str(log_path),
-                      "env": spec.env},
+            # No env: a router's carries its admin token, and the spec is at hand here anyway.
+            defaults={"kind": kind, "role": spec.role, "port": spec.port, "log_path": str(log_path)},
         )
         # Restarts count within one start of the deployment; a new start begins at 0.
         self.spawn(record, spec.argv, spec.env,
