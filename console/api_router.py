@@ -9,10 +9,14 @@ from collections.abc import Callable
 from typing import Any
 
 from django.urls import URLPattern, re_path
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework.routers import DefaultRouter
 
 # The end of every API path: an optional slash.
 TRAILING_SLASH = "/?"
+# The id in an api_path() route, "(?P<pk>[0-9]+)", for the schema: an integer, as a router's is.
+ID = r"(?P<pk>[0-9]+)"
+ID_PARAMETER = OpenApiParameter("id", int, OpenApiParameter.PATH)
 
 
 def api_router(*, root_view: bool = False) -> DefaultRouter:
@@ -26,7 +30,8 @@ def api_router(*, root_view: bool = False) -> DefaultRouter:
 
 def api_path(route: str, view: Callable[..., Any], *, name: str) -> URLPattern:
     """A path that is no viewset's action; ``route`` is a regular expression without anchors
-    or the trailing slash, e.g. ``r"deployments/(?P<pk>[0-9]+)/gate"``."""
+    or the trailing slash, e.g. ``rf"deployments/{ID}/gate"`` (and ``ID_PARAMETER`` in the view's
+    ``extend_schema``)."""
     if route.startswith("^") or route.endswith(("/", "$")):
         raise ValueError(f"{route!r}: write the route without anchors or trailing slash")
     return re_path(rf"^{route}{TRAILING_SLASH}$", view, name=name)

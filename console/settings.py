@@ -161,7 +161,20 @@ REST_FRAMEWORK = {
 }
 # The OpenAPI schema of /api/v1/ at /api/schema/ (JSON with ?format=json); no UI, which would
 # need assets from a CDN.
-SPECTACULAR_SETTINGS = {"TITLE": "pdserve console API", "VERSION": "v1", "SERVE_INCLUDE_SCHEMA": False}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "pdserve console API",
+    "VERSION": "v1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # One name per choice set, where field names alone would collide or differ.
+    "ENUM_NAME_OVERRIDES": {
+        "DeploymentModeEnum": "console.deployments.models.Deployment.Mode",
+        "RunningOrStoppedEnum": "console.deployments.models.Deployment.DesiredState",
+        "RoutingPolicyEnum": "console.deployments.models.Deployment.RoutingPolicy",
+        "GateModeEnum": "console.deployments.models.Deployment.GateMode",
+        "GateActionEnum": "console.deployments.models.Deployment.GateAction",
+        "ProcessStateEnum": "console.supervisor.models.ManagedProcess.State",
+    },
+}
 
 # pdserve's own settings
 PDSERVE_CONSOLE_HOST = env_str("PDSERVE_CONSOLE_HOST", "127.0.0.1")

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import resolve
 
-from console.api_router import api_path
+from console.api_router import ID, api_path
 
 pytestmark = pytest.mark.django_db
 
@@ -22,7 +22,7 @@ def paths(owner: User) -> list[str]:
     found = list(client.get("/api/schema/", {"format": "json"}).json()["paths"])
     # Guards against an empty schema passing vacuously: paths of routers and of api_path().
     assert {"/api/v1/deployments/{id}/start/", "/api/v1/deployments/{id}/gate/",
-            "/api/v1/processes/{process_id}/logs/", "/api/v1/auth/token/"} <= set(found)
+            "/api/v1/processes/{id}/logs/", "/api/v1/auth/token/"} <= set(found)
     return found
 
 
@@ -39,7 +39,7 @@ def test_every_api_path_answers_with_and_without_its_trailing_slash(paths: list[
 
 
 def test_an_api_path_is_written_without_its_end() -> None:
-    assert api_path(r"deployments/(?P<pk>[0-9]+)/gate", lambda request: None,
+    assert api_path(rf"deployments/{ID}/gate", lambda request: None,
                     name="x").pattern.regex.pattern == r"^deployments/(?P<pk>[0-9]+)/gate/?$"
     for route in ("^deployments", "deployments/", "deployments$"):
         with pytest.raises(ValueError, match="without anchors or trailing slash"):

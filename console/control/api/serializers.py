@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.control.status import overall_state
 from console.deployments.api.serializers import WorkerPlanSerializer
 from console.deployments.models import Deployment
-from console.quality.api.serializers import gate_settings
+from console.quality.api.serializers import GateStatusSerializer, gate_settings
 from console.supervisor.api.serializers import ProcessSerializer
 
 
@@ -36,6 +37,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
     def get_state(self, deployment: Deployment) -> str:
         return overall_state(deployment, list(deployment.processes.all()))
 
+    @extend_schema_field(GateStatusSerializer)
     def get_gate(self, deployment: Deployment) -> dict[str, Any]:
         return gate_settings(deployment)
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.catalog.models import BaseModel, Variant
@@ -51,6 +52,8 @@ class WorkerPlanSerializer(serializers.ModelSerializer):
                   "port", "side_channel_port", "cpu_cores", "gpu_indices", "share_devices"]
 
 
+@extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string", "pattern": "^[^/]+/[^/]+$"}],
+                     "description": 'a variant by id, or by "base/name"'})
 class VariantField(serializers.RelatedField):
     """A variant by id, or by "base/name" as people write it."""
 

@@ -1,6 +1,6 @@
-from console.api_router import api_path
+from console.api_router import ID, api_path
 from console.playground.api.views import DeploymentChatView
 
 urlpatterns = [
-    api_path(r"deployments/(?P<pk>[0-9]+)/chat", DeploymentChatView.as_view(), name="playground-chat"),
+    api_path(rf"deployments/{ID}/chat", DeploymentChatView.as_view(), name="playground-chat"),
 ]

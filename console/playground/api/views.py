@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api_router import ID_PARAMETER
 from console.deployments.models import Deployment
 from console.gateway.router_admin import console_key
 from console.playground.api.serializers import ChatRequestSerializer
@@ -39,7 +40,7 @@ class DeploymentChatView(APIView):
         return super().perform_content_negotiation(request, force=True)
 
     @extend_schema(
-        operation_id="deployments_chat",
+        parameters=[ID_PARAMETER],
         request=ChatRequestSerializer,
         responses={
             (200, "text/event-stream"): OpenApiResponse(

@@ -26,6 +26,27 @@ class GateResultSerializer(serializers.ModelSerializer):
         return {"min_agreement": gate.min_agreement, "max_mean_logprob_delta": gate.max_mean_delta}
 
 
+class GateStatusSerializer(serializers.Serializer):
+    """A plan's gate settings, whether a start runs the gate, and why (``gate_settings()``)."""
+
+    mode = serializers.ChoiceField(choices=Deployment.GateMode.choices)
+    prompts = serializers.IntegerField()
+    min_agreement = serializers.FloatField()
+    max_mean_logprob_delta = serializers.FloatField()
+    action = serializers.ChoiceField(choices=Deployment.GateAction.choices)
+    runs_on_start = serializers.BooleanField()
+    why = serializers.CharField()
+
+
+class DeploymentGateSerializer(GateStatusSerializer):
+    """A deployment's gate: its status, why it holds the router now ("" when it does not), the
+    latest result and the recent ones (``gate_summary()`` and the view's ``results``)."""
+
+    router_hold = serializers.CharField()
+    latest = GateResultSerializer(allow_null=True)
+    results = GateResultSerializer(many=True)
+
+
 def gate_settings(deployment: Deployment) -> dict[str, Any]:
     """The plan's gate settings and whether a start runs it, and why (no query of its own)."""
     applies, reason = services.gate_applies(deployment)

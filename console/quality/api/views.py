@@ -2,17 +2,20 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.api_router import ID_PARAMETER
 from console.catalog.models import Variant
 from console.deployments.models import Deployment
 from console.fleet.models import Node
 from console.fleet.services import local_node
 from console.quality import services
 from console.quality.api.serializers import (
+    DeploymentGateSerializer,
     GateResultSerializer,
     MeasurementSerializer,
     gate_summary,
@@ -24,12 +27,16 @@ from console.quality.models import GateResult, VariantMeasurement
 class DeploymentGateView(APIView):
     """GET: the plan's gate settings and its recent results. POST: run the gate now (202)."""
 
+    @extend_schema(parameters=[ID_PARAMETER], responses=DeploymentGateSerializer)
     def get(self, request: Request, pk: int) -> Response:
         deployment = get_object_or_404(Deployment, pk=pk)
         results = deployment.gate_results.all()[:20]
         return Response({**gate_summary(deployment),
                          "results": GateResultSerializer(results, many=True).data})
 
+    @extend_schema(parameters=[ID_PARAMETER], request=None, responses={
+        202: GateResultSerializer,
+        409: OpenApiResponse(description="the gate cannot run now; `detail` says why")})
     def post(self, request: Request, pk: int) -> Response:
         deployment = get_object_or_404(Deployment, pk=pk)
         try:
