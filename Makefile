@@ -18,6 +18,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/pdserve
 
 test: install model browser
 	$(PY) -m ruff check .
+	$(PY) manage.py makemigrations --check --dry-run
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest tests/console -q -p no:cacheprovider
 	$(PY) -m pytest
 
