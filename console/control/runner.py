@@ -27,7 +27,7 @@ from django.db import connection
 from console.control.pools import PoolSync
 from console.control.worker_specs import ProcessSpec, kv_channel, process_specs
 from console.deployments.models import Deployment
-from console.fleet.services import local_node
+from console.fleet.services import refresh_local_node
 from console.live.broadcast import log_messages, send_all
 from console.live.collector import MetricsCollector, ScrapeTarget
 from console.live.logstore import LogStore
@@ -86,7 +86,7 @@ class Supervisor(ProcessEngine):
             return False
         self.last_housekeeping = now
         reaped = reap_builders() + reap_measurements()
-        local_node()  # rediscovers once its facts are older than the fleet's maximum age
+        refresh_local_node()  # rediscovers once its facts are older than the fleet's maximum age
         return reaped > 0
 
     def reconcile(self) -> bool:

@@ -40,8 +40,17 @@ def _free_name(hostname: str) -> str:
     return name if not Node.objects.filter(name=name).exists() else f"{name}-local"
 
 
-def local_node(max_age: timedelta = LOCAL_FACTS_MAX_AGE) -> Node:
-    """The local node, rediscovered when its facts are older than ``max_age``."""
+def local_node() -> Node:
+    """The local node as last discovered; pages and checks read it, the supervise daemon keeps
+    it fresh (:func:`refresh_local_node`). Discovered here only on a database that has no local
+    node yet (``bootstrap`` records it first, so pages never do)."""
+    node = Node.objects.local()
+    return node if node is not None else record_local_node(local_facts())
+
+
+def refresh_local_node(max_age: timedelta = LOCAL_FACTS_MAX_AGE) -> Node:
+    """The local node, rediscovered when its facts are older than ``max_age``: the supervise
+    daemon's housekeeping, and the Discover button with ``max_age=0``."""
     node = Node.objects.local()
     if node is not None and node.discovered_at and timezone.now() - node.discovered_at < max_age:
         return node

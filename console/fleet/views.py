@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 
 from console.fleet.forms import NodeForm
 from console.fleet.models import Node
-from console.fleet.services import local_node, save_manual_node
+from console.fleet.services import refresh_local_node, save_manual_node
 
 
 def _context(form: NodeForm | None = None, error: str = "") -> dict[str, object]:
@@ -50,5 +50,5 @@ def node_delete(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def discover(request: HttpRequest) -> HttpResponse:
-    local_node(max_age=timedelta(0))
+    refresh_local_node(max_age=timedelta(0))
     return redirect("fleet")

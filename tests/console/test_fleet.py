@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -18,7 +19,8 @@ from rest_framework.test import APIClient
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet import discovery
 from console.fleet.models import GIB, Node
-from console.fleet.services import local_node
+from console.fleet.services import local_node, refresh_local_node
+from tests.console.tiny_models import make_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -43,9 +45,11 @@ def test_the_local_node_is_discovered_from_this_machine() -> None:
 def test_the_local_node_is_rediscovered_only_when_its_facts_are_old() -> None:
     node = local_node()
     Node.objects.filter(pk=node.pk).update(memory_bytes=1)
-    assert local_node().memory_bytes == 1
+    assert refresh_local_node().memory_bytes == 1
     Node.objects.filter(pk=node.pk).update(discovered_at=timezone.now() - timedelta(minutes=5))
-    assert local_node().memory_bytes == psutil.virtual_memory().total
+    # Reading never rediscovers, however old the facts: the daemon's refresh does.
+    assert local_node().memory_bytes == 1
+    assert refresh_local_node().memory_bytes == psutil.virtual_memory().total
     assert Node.objects.count() == 1
 
 
@@ -173,3 +177,16 @@ def test_discovering_by_hand_finds_this_machine(owner: User, api: APIClient) -> 
     Node.objects.all().delete()
     assert api.post("/api/v1/nodes/discover").json()["is_local"] is True
     assert Node.objects.get().is_local
+
+
+def test_a_deployment_page_and_the_plan_form_rediscover_nothing(owner: User, tmp_path: Path) -> None:
+    # The checks the detail page runs and the new-plan form read the stored node, however old.
+    deployment = make_plan(tmp_path)
+    node = Node.objects.local()
+    Node.objects.filter(pk=node.pk).update(discovered_at=timezone.now() - timedelta(days=1))
+    before = list(Node.objects.values())
+    client = Client()
+    client.force_login(owner)
+    assert client.get(f"/deployments/{deployment.name}/").status_code == 200
+    assert client.get("/deployments/new/").status_code == 200
+    assert list(Node.objects.values()) == before

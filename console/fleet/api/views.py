@@ -11,7 +11,7 @@ from rest_framework.response import Response
 
 from console.fleet.api.serializers import NodeSerializer
 from console.fleet.models import Node
-from console.fleet.services import local_node, save_manual_node
+from console.fleet.services import refresh_local_node, save_manual_node
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -41,7 +41,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
     @action(detail=False, methods=["post"])
     def discover(self, request: Request) -> Response:
         """Rediscover the local node now."""
-        node = local_node(max_age=timedelta(0))
+        node = refresh_local_node(max_age=timedelta(0))
         return Response(self.get_serializer(node).data)
 
     def _manual(self) -> Node:
