@@ -18,7 +18,7 @@ from console.deployments.models import Deployment
 from console.quality import services
 from console.quality.models import GateResult
 from console.supervisor.models import ManagedProcess
-from console.supervisor.requests import ProcessFailed, supervised
+from console.supervisor.process_requests import ProcessFailed, supervised
 from inference.launch import LaunchError
 from inference.output_gate import (
     SERVER_START_TIMEOUT_S,

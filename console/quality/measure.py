@@ -23,7 +23,7 @@ from console.fleet.models import Node
 from console.quality.models import VariantMeasurement
 from console.quality.services import original_variant
 from console.supervisor.models import ManagedProcess
-from console.supervisor.requests import ProcessFailed, supervised, this_process
+from console.supervisor.process_requests import ProcessFailed, supervised, this_process
 from inference.launch import LaunchError
 from inference.output_gate import (
     DEFAULT_MAX_TOKENS,

@@ -1,5 +1,5 @@
 """Running one quantization job from a Celery task: the builder CLI as a requested process of
-the supervisor (console/supervisor/requests.py), which alone spawns and stops it.
+the supervisor (console/supervisor/process_requests.py), which alone spawns and stops it.
 
 The builder (``python -m inference.quantize``) runs in the quantization environment. It prints
 JSON progress events among its log lines; the task follows its log file and copies both into the
@@ -25,7 +25,7 @@ from django.utils import timezone
 from console.catalog.models import QuantizationJob, Variant
 from console.catalog.services import RegistrationError, register_variant
 from console.celery import app
-from console.supervisor import requests
+from console.supervisor import process_requests
 from console.supervisor.models import ManagedProcess
 from inference.quantization.output import partial_dir
 from inference.quantization.progress import parse
@@ -60,7 +60,7 @@ def run_job(job_id: int) -> None:
         _finish(job, State.FAILED, error=f"cannot start the builder {python}: no such executable "
                                          "(scripts/install-quant.sh creates it)")
         return
-    record = requests.request(ManagedProcess.Kind.BUILDER, builder_slot(job), _argv(job), _env(),
+    record = process_requests.request(ManagedProcess.Kind.BUILDER, builder_slot(job), _argv(job), _env(),
                               Path(settings.PDSERVE_LOG_DIR) / "builds" / f"{job.pk}.log", port=None,
                               role="builder")
     _Watch(job, record).run()
@@ -97,7 +97,7 @@ class _Watch:
         self.outcome: dict[str, Any] = {}
         self._file: IO[str] | None = None
         self._partial = ""
-        self._pickup_by = time.monotonic() + requests.PICKUP_TIMEOUT_S
+        self._pickup_by = time.monotonic() + process_requests.PICKUP_TIMEOUT_S
 
     def run(self) -> None:
         try:
@@ -113,10 +113,11 @@ class _Watch:
                 if self.record.started_at is not None and self.record.pid is None:
                     break  # it exited: the supervisor recorded how
                 if self.record.started_at is None and time.monotonic() > self._pickup_by:
-                    requests.release(self.record)
+                    process_requests.release(self.record)
                     _finish(self.job, State.FAILED,
                             error=f"no supervisor started the builder within "
-                                  f"{requests.PICKUP_TIMEOUT_S:.0f} s; is `manage.py supervise` running?")
+                                  f"{process_requests.PICKUP_TIMEOUT_S:.0f} s; "
+                                  "is `manage.py supervise` running?")
                     return
                 time.sleep(HEARTBEAT_S)
             self._read_new_lines(final=True)
@@ -162,7 +163,7 @@ class _Watch:
         return QuantizationJob.objects.filter(pk=self.job.pk, cancel_requested=True).exists()
 
     def _cancel(self) -> None:
-        requests.release(self.record)
+        process_requests.release(self.record)
         remove_outputs(self.job)
         _finish(self.job, State.CANCELLED, log="\n".join(self.log))
 

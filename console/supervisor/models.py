@@ -3,7 +3,7 @@
 A deployment's workers and router are rows the supervisor keeps running from the plan. The
 other kinds are requested: whoever needs one (a gate, a Celery task) writes the row with its
 command and ``wanted=running``, waits for it to be ready, and sets ``wanted=stopped`` when done
-(console/supervisor/requests.py). The supervisor alone spawns, probes, stops and reaps them all.
+(console/supervisor/process_requests.py). The supervisor alone spawns, probes, stops and reaps them all.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from console.asgi import application
-from console.control.runner import Supervisor
+from console.control.daemon import Supervisor
 from console.deployments.models import Deployment
 from console.live.broadcast import MAX_LINES_PER_MESSAGE, log_messages
 from console.live.logstore import LogStore

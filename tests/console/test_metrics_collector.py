@@ -18,7 +18,7 @@ import psutil
 import pytest
 from django.utils import timezone
 
-from console.control.runner import Supervisor
+from console.control.daemon import Supervisor
 from console.control.worker_specs import ProcessSpec
 from console.deployments.models import Deployment
 from console.live.collector import MetricsCollector

@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 
 from console.catalog.models import BaseModel, Variant
 from console.control import lifecycle
-from console.control.runner import Supervisor
+from console.control.daemon import Supervisor
 from console.control.status import overall_state
 from console.control.worker_specs import process_specs
 from console.deployments.models import Deployment

@@ -21,11 +21,11 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from console.catalog.models import BaseModel, Variant
-from console.control.runner import Supervisor
+from console.control.daemon import Supervisor
 from console.fleet.services import local_node
 from console.quality import measure
 from console.quality.models import VariantMeasurement
-from console.supervisor import requests
+from console.supervisor import process_requests
 from console.supervisor.engine import DIE_WITH_SUPERVISOR
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port, wait_for
@@ -65,14 +65,14 @@ def tick_until(supervisor: Supervisor, row: ManagedProcess, *states: str, timeou
 def test_a_requested_process_is_spawned_probed_and_stopped_on_release(supervisor: Supervisor,
                                                                       tmp_path: Path) -> None:
     argv, port = health_server(tmp_path)
-    row = requests.request(Kind.MEASUREMENT, "measure-1-variant", argv, {"PDSERVE_X": "1"},
+    row = process_requests.request(Kind.MEASUREMENT, "measure-1-variant", argv, {"PDSERVE_X": "1"},
                            tmp_path / "m.log", port)
     assert (row.state, row.wanted, row.pid, row.owner_pid) == ("stopped", "running", None,
-                                                                requests.this_process()[0])
+                                                                process_requests.this_process()[0])
     tick_until(supervisor, row, State.READY)
     assert psutil.Process(row.pid).environ()["PDSERVE_X"] == "1"
     assert row.url == f"http://127.0.0.1:{port}"
-    assert requests.wait_until(row, ready=True, timeout_s=5).state == State.READY
+    assert process_requests.wait_until(row, ready=True, timeout_s=5).state == State.READY
 
     pid = row.pid
     ManagedProcess.objects.filter(pk=row.pk).update(wanted="stopped")  # what release() writes
@@ -108,44 +108,45 @@ def test_a_requested_process_whose_requester_died_is_stopped_and_failed(supervis
 def test_a_requested_process_that_exits_is_failed_with_its_last_line_not_restarted(
         supervisor: Supervisor, tmp_path: Path) -> None:
     script = "print('loading'); print('no such model'); raise SystemExit(4)"
-    row = requests.request(Kind.GATE_REFERENCE, "gate-9-reference", [sys.executable, "-c", script],
+    row = process_requests.request(Kind.GATE_REFERENCE, "gate-9-reference", [sys.executable, "-c", script],
                            {}, tmp_path / "g.log", free_port())
     tick_until(supervisor, row, State.FAILED)
     assert row.exit_code == 4 and "no such model" in row.last_error and row.wanted == "stopped"
-    with pytest.raises(requests.ProcessFailed, match="no such model"):
-        requests.wait_until(row, ready=True, timeout_s=1)
+    with pytest.raises(process_requests.ProcessFailed, match="no such model"):
+        process_requests.wait_until(row, ready=True, timeout_s=1)
     supervisor.tick()
     assert supervisor.children == {}
 
 
 def test_a_builder_without_a_port_is_ready_at_once_and_done_when_it_exits(
         supervisor: Supervisor, tmp_path: Path) -> None:
-    row = requests.request(Kind.BUILDER, "build-3", [sys.executable, "-c", "import time; time.sleep(1)"],
-                           {}, tmp_path / "b.log", None, role="builder")
+    row = process_requests.request(Kind.BUILDER, "build-3",
+                                   [sys.executable, "-c", "import time; time.sleep(1)"],
+                                   {}, tmp_path / "b.log", None, role="builder")
     tick_until(supervisor, row, State.READY)
     tick_until(supervisor, row, State.STOPPED)
     assert (row.exit_code, row.last_error) == (0, "")
-    assert requests.wait_until(row, ready=False, timeout_s=1).state == State.STOPPED
+    assert process_requests.wait_until(row, ready=False, timeout_s=1).state == State.STOPPED
 
 
 def test_a_request_nobody_takes_fails_naming_the_supervisor(db: None, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(requests, "PICKUP_TIMEOUT_S", 0.5)
-    row = requests.request(Kind.MEASUREMENT, "measure-4-variant", ["true"], {}, tmp_path / "x.log",
+    monkeypatch.setattr(process_requests, "PICKUP_TIMEOUT_S", 0.5)
+    row = process_requests.request(Kind.MEASUREMENT, "measure-4-variant", ["true"], {}, tmp_path / "x.log",
                            free_port())
-    with pytest.raises(requests.ProcessFailed, match="manage.py supervise"):
-        requests.wait_until(row, ready=True, timeout_s=60)
-    requests.release(row)  # never started: released at once
+    with pytest.raises(process_requests.ProcessFailed, match="manage.py supervise"):
+        process_requests.wait_until(row, ready=True, timeout_s=60)
+    process_requests.release(row)  # never started: released at once
     row.refresh_from_db()
     assert row.wanted == "stopped"
 
 
 def test_a_slot_still_running_is_not_requested_twice(supervisor: Supervisor, tmp_path: Path) -> None:
     argv, port = health_server(tmp_path)
-    row = requests.request(Kind.MEASUREMENT, "measure-5-variant", argv, {}, tmp_path / "m.log", port)
+    row = process_requests.request(Kind.MEASUREMENT, "measure-5-variant", argv, {}, tmp_path / "m.log", port)
     tick_until(supervisor, row, State.READY)
-    with pytest.raises(requests.ProcessFailed, match="still running"):
-        requests.request(Kind.MEASUREMENT, "measure-5-variant", argv, {}, tmp_path / "m.log", port)
+    with pytest.raises(process_requests.ProcessFailed, match="still running"):
+        process_requests.request(Kind.MEASUREMENT, "measure-5-variant", argv, {}, tmp_path / "m.log", port)
 
 
 def test_a_measurement_whose_celery_worker_died_is_failed_and_can_be_queued_again(
@@ -180,13 +181,13 @@ def test_a_measurement_whose_celery_worker_died_is_failed_and_can_be_queued_agai
 
 def test_a_command_that_cannot_be_executed_fails_its_row_and_the_tick_goes_on(
         supervisor: Supervisor, tmp_path: Path) -> None:
-    row = requests.request(Kind.BUILDER, "build-6", ["/nonexistent/python", "-m", "x"], {},
+    row = process_requests.request(Kind.BUILDER, "build-6", ["/nonexistent/python", "-m", "x"], {},
                            tmp_path / "b.log", None, role="builder")
     tick_until(supervisor, row, State.FAILED)
     assert row.wanted == "stopped"
     assert "/nonexistent/python: No such file or directory" in row.last_error
-    with pytest.raises(requests.ProcessFailed, match="No such file"):
-        requests.wait_until(row, ready=False, timeout_s=1)
+    with pytest.raises(process_requests.ProcessFailed, match="No such file"):
+        process_requests.wait_until(row, ready=False, timeout_s=1)
 
 
 def test_a_planned_command_that_cannot_be_executed_fails_and_backs_off(
@@ -226,7 +227,7 @@ def test_a_requested_process_dies_with_its_supervisor(db: None, tmp_path: Path) 
 
 def test_a_requested_process_has_its_log_page_download_and_status_line(
         supervisor: Supervisor, tmp_path: Path, client: Any, django_user_model: Any) -> None:
-    row = requests.request(Kind.GATE_REFERENCE, "gate-11-reference",
+    row = process_requests.request(Kind.GATE_REFERENCE, "gate-11-reference",
                            [sys.executable, "-c", "print('reference loading', flush=True)"], {},
                            tmp_path / "g.log", free_port())
     tick_until(supervisor, row, State.FAILED)  # it exited without serving

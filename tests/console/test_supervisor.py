@@ -25,7 +25,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from console.control.runner import Supervisor
+from console.control.daemon import Supervisor
 from console.control.worker_specs import ProcessSpec
 from console.deployments.models import Deployment
 from console.supervisor.engine import MAX_BACKOFF_S, Backoff, Child

@@ -1,9 +1,6 @@
-from rest_framework.routers import DefaultRouter
-
+from console.api_router import api_router
 from console.gateway.api.views import ApiKeyViewSet
 
-router = DefaultRouter()
-router.trailing_slash = "/?"
-router.include_root_view = False
+router = api_router()
 router.register("keys", ApiKeyViewSet, basename="apikey")
 urlpatterns = router.urls
