@@ -8,11 +8,14 @@ of whoever started it, by its pid *and* start time: a pid alone may have been re
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import signal
 import subprocess
 
 import psutil
+
+log = logging.getLogger("pdserve.processes")
 
 # A record is written just after the spawn, so the process is a little older than it.
 START_TIME_TOLERANCE_S = 5.0
@@ -36,8 +39,11 @@ def kill_group(pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     """Send ``sig`` to the group ``pid`` leads; a group already gone is not an error."""
     try:
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
+    except ProcessLookupError:
         pass
+    except PermissionError:
+        # Someone else's group (another user's process took the number): never ours to stop.
+        log.warning("not allowed to signal process group %d (%s); leaving it", pid, sig.name)
 
 
 def stop_group(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> int:

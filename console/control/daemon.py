@@ -209,7 +209,9 @@ class Supervisor(ProcessEngine):
 
     # ---- stopping ----------------------------------------------------------------------
     def stop_all(self, grace_s: float = STOP_GRACE_S) -> None:
-        # Children first: a gate thread waiting on its reference server then sees it stopped.
+        # Children first: a gate thread waiting on its reference server then sees it stopped,
+        # and queues its gate again for the next supervisor.
+        self.gates.stop()
         self.stop_children(grace_s)
         self.gates.stop_all()
         self.http.close()
@@ -227,7 +229,8 @@ class Supervisor(ProcessEngine):
         record, created = ManagedProcess.objects.update_or_create(
             deployment=deployment, slot=spec.slot,
             # No env: a router's carries its admin token, and the spec is at hand here anyway.
-            defaults={"kind": kind, "role": spec.role, "port": spec.port, "log_path": str(log_path)},
+            defaults={"kind": kind, "role": spec.role, "port": spec.port, "log_path": str(log_path),
+                      "env": {}},
         )
         # Restarts count within one start of the deployment; a new start begins at 0.
         self.spawn(record, spec.argv, spec.env,

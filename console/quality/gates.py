@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -35,14 +37,11 @@ State = GateResult.State
 
 
 @dataclass
-class GateJob:
-    thread: threading.Thread
-
-
-@dataclass
 class GateRunner:
     log_dir: Path = field(default_factory=lambda: Path(settings.PDSERVE_LOG_DIR))
-    jobs: dict[int, GateJob] = field(default_factory=dict)
+    jobs: dict[int, threading.Thread] = field(default_factory=dict)
+    # Set when the supervisor stops: a gate cut short by that is queued again, not judged.
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def recover(self) -> int:
         """Gates a previous supervisor left running will never finish: queue them again. (Their
@@ -53,41 +52,53 @@ class GateRunner:
     def step(self) -> bool:
         """Start the queued gates whose workers are all ready; forget finished threads."""
         did = False
-        for gate_id, job in list(self.jobs.items()):
-            if not job.thread.is_alive():
+        for gate_id, thread in list(self.jobs.items()):
+            if not thread.is_alive():
                 del self.jobs[gate_id]
                 did = True
         queued = GateResult.objects.filter(
             state=State.QUEUED, deployment__desired_state=Deployment.DesiredState.RUNNING
         ).select_related("deployment")
         for gate in queued:
-            if gate.pk in self.jobs or not workers_ready(gate.deployment):
+            if self.stopping.is_set() or gate.pk in self.jobs or not workers_ready(gate.deployment):
                 continue
             GateResult.objects.filter(pk=gate.pk).update(state=State.RUNNING,
                                                          started_at=timezone.now())
-            job = GateJob(threading.Thread(target=self._run, args=(gate.pk,),
-                                           name=f"gate-{gate.pk}", daemon=True))
-            self.jobs[gate.pk] = job
-            job.thread.start()
+            thread = threading.Thread(target=self._run, args=(gate.pk,), name=f"gate-{gate.pk}",
+                                      daemon=True)
+            self.jobs[gate.pk] = thread
+            thread.start()
             did = True
         return did
 
-    def stop_all(self, timeout_s: float = 30.0) -> None:
-        """Wait for the gate threads; the engine has stopped their reference servers by then, so
-        each thread's next request fails and it records the error."""
-        for job in self.jobs.values():
-            job.thread.join(timeout=timeout_s)
+    def stop(self) -> None:
+        """The supervisor is stopping: start no gate, and queue again the ones it cuts short."""
+        self.stopping.set()
+
+    def stop_all(self, timeout_s: float = 15.0) -> None:
+        """Wait for the gate threads, ``timeout_s`` for all of them together: the engine has
+        stopped their reference servers by then, so each thread's next request fails at once."""
+        self.stop()
+        deadline = time.monotonic() + timeout_s
+        for thread in self.jobs.values():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.jobs.clear()
 
     def _run(self, gate_id: int) -> None:
         try:
             gate = GateResult.objects.select_related("deployment__base_model").get(pk=gate_id)
             state, report, error, reference = self._evaluate(gate)
+            if self.stopping.is_set() and state == State.ERROR:
+                self._queue_again(gate_id)
+                return
             GateResult.objects.filter(pk=gate_id).update(
                 state=state, report=report, error=error[:1000], reference=reference,
                 finished_at=timezone.now())
             log.info("gate #%d of %s: %s %s", gate_id, gate.deployment.name, state, error)
         except Exception:  # the row must not stay "running" whatever happened
+            if self.stopping.is_set():
+                self._queue_again(gate_id)
+                return
             log.exception("gate #%d crashed", gate_id)
             GateResult.objects.filter(pk=gate_id).update(
                 state=State.ERROR, error="the gate crashed; see the supervisor's log",
@@ -95,7 +106,12 @@ class GateRunner:
         finally:
             connection.close()
 
-    def _evaluate(self, gate: GateResult) -> tuple[str, dict, str, str]:
+    def _queue_again(self, gate_id: int) -> None:
+        # Cut short by the supervisor's stop, not a verdict: the next supervisor runs it.
+        GateResult.objects.filter(pk=gate_id).update(state=State.QUEUED, started_at=None)
+        log.info("gate #%d: queued again (the supervisor is stopping)", gate_id)
+
+    def _evaluate(self, gate: GateResult) -> tuple[str, dict[str, Any], str, str]:
         deployment = gate.deployment
         variant = services.reference_variant(deployment)
         if variant is None:
@@ -110,6 +126,8 @@ class GateRunner:
         argv, env = server_command(server, port)
         try:
             prompts = load_prompts(gate.prompts)
+            if self.stopping.is_set():
+                raise ProcessFailed("the supervisor is stopping")
             with supervised(ManagedProcess.Kind.GATE_REFERENCE, f"gate-{gate.pk}-reference", argv,
                             env, log_path, port, SERVER_START_TIMEOUT_S) as process:
                 report = run_gate(process.url, services.candidates(deployment), prompts,

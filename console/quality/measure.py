@@ -7,6 +7,7 @@ the variant is started, timed and scored against those answers.
 
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from functools import partial
@@ -40,6 +41,7 @@ from inference.output_gate import (
 from inference.process_groups import is_same_process
 from inference.variant_speed import measure as measure_speed
 
+log = logging.getLogger("pdserve.quality")
 State = VariantMeasurement.State
 PREFILL_TOKENS = 512
 
@@ -96,8 +98,11 @@ def run_measurement(measurement_id: int) -> VariantMeasurement:
     try:
         fields = _measure(measurement)
         fields.update(state=State.DONE)
-    except (GateError, LaunchError, ProcessFailed, OSError) as exc:
+    except (GateError, LaunchError, ProcessFailed, OSError, httpx.HTTPError) as exc:
         fields = {"state": State.FAILED, "error": str(exc)[:1000]}
+    except Exception as exc:  # the row must not stay "running", whatever happened
+        log.exception("measurement #%d crashed", measurement_id)
+        fields = {"state": State.FAILED, "error": f"the measurement crashed: {exc!r}"[:1000]}
     VariantMeasurement.objects.filter(pk=measurement_id).update(finished_at=timezone.now(), **fields)
     measurement.refresh_from_db()
     return measurement

@@ -31,6 +31,8 @@ from inference.quantization.output import partial_dir
 from inference.quantization.progress import parse
 
 State = QuantizationJob.State
+# How each of the builder's JSON event lines begins (inference/quantization/progress.py).
+EVENT_START = '{"event"'
 LOG_TAIL_LINES = 200
 # The task beats every HEARTBEAT_S while its builder runs; a running job silent for STALE_S
 # lost its worker.
@@ -40,7 +42,7 @@ STALE_S = 15.0
 STALE_AT_WORKER_START_S = 3.0
 
 
-@app.task(name="catalog.quantize_variant", ignore_result=True)
+@app.task(name="quantization.build_variant", ignore_result=True)
 def quantize_variant(job_id: int) -> None:
     run_job(job_id)
 
@@ -130,7 +132,9 @@ class _Watch:
     def _read_new_lines(self, final: bool = False) -> None:
         if self._file is None:
             try:
-                self._file = open(self.record.log_path, encoding="utf-8", errors="replace")  # noqa: SIM115
+                # newline="": a progress bar's carriage returns stay in the line, not new lines.
+                self._file = open(self.record.log_path, encoding="utf-8", errors="replace",  # noqa: SIM115
+                                  newline="")
             except FileNotFoundError:
                 return  # not spawned yet
         data = self._partial + self._file.read()
@@ -142,13 +146,19 @@ class _Watch:
                 self._take(line)
 
     def _take(self, line: str) -> None:
-        event = parse(line)
+        # The builder's stdout (events) and stderr (log) share the supervisor's pipe, so an
+        # event may follow a progress bar's frame on the same line: it starts at EVENT_START.
+        text, found, event_text = line.rstrip("\r").partition(EVENT_START)
+        event = parse(found + event_text) if found else None
+        if found and event is None:
+            text = line  # not one of ours after all: log it whole
+        # tqdm redraws with carriage returns: keep the last state of the bar.
+        text = text.split("\r")[-1].rstrip()
+        if text:
+            self.log.append(text)
         if event is None:
-            # tqdm redraws with carriage returns: keep the last state of the bar.
-            text = line.rstrip("\n").split("\r")[-1].rstrip()
-            if text:
-                self.log.append(text)
-        elif event["event"] == "progress":
+            return
+        if event["event"] == "progress":
             self.progress = event
         else:
             self.outcome = event

@@ -169,9 +169,20 @@ class ProcessEngine:
         requested = ManagedProcess.objects.exclude(kind__in=ManagedProcess.PLANNED_KINDS)
         for record in requested.filter(wanted=ManagedProcess.Wanted.RUNNING, state=State.STOPPED,
                                        pid=None, started_at=None):
-            if record.pk not in self.children:
+            if record.pk in self.children:
+                continue
+            did = True
+            if record.owner_pid is not None and not is_same_process(record.owner_pid,
+                                                                     record.owner_started_at):
+                self._unstartable(record, f"its requester (pid {record.owner_pid}) was gone "
+                                          "before it started")
+                continue
+            # Taken only while still wanted: a release that came first leaves it unstarted, and
+            # one that comes after sees it started and waits for its stop.
+            if ManagedProcess.objects.filter(pk=record.pk, wanted=ManagedProcess.Wanted.RUNNING,
+                                             started_at=None).update(
+                    started_at=timezone.now(), state=State.STARTING, updated=timezone.now()):
                 self.spawn(record, record.command, record.env)
-                did = True
         released = set(requested.filter(wanted=ManagedProcess.Wanted.STOPPED,
                                         pk__in=list(self.children)).values_list("pk", flat=True))
         for record_id in released:
@@ -190,13 +201,11 @@ class ProcessEngine:
         did = False
         watched = [c for c in self.children.values()
                    if c.kind not in ManagedProcess.PLANNED_KINDS and c.stop_deadline is None]
-        owners = dict(ManagedProcess.objects.filter(pk__in=[c.record_id for c in watched])
-                      .values_list("pk", "owner_pid"))
-        started = dict(ManagedProcess.objects.filter(pk__in=[c.record_id for c in watched])
-                       .values_list("pk", "owner_started_at"))
+        owners = {pk: (pid, started) for pk, pid, started in ManagedProcess.objects.filter(
+            pk__in=[c.record_id for c in watched]).values_list("pk", "owner_pid", "owner_started_at")}
         for child in watched:
-            owner = owners.get(child.record_id)
-            if owner is None or is_same_process(owner, started.get(child.record_id)):
+            owner, started = owners.get(child.record_id, (None, None))
+            if owner is None or is_same_process(owner, started):
                 continue
             child.failure = f"its requester (pid {owner}) is gone; stopped"
             log.warning("%s: %s", child.slot, child.failure)
@@ -237,12 +246,16 @@ class ProcessEngine:
         """Start ``argv`` for ``record``: its own process group, output to its log file and to
         the capture queue. The row becomes ``starting`` with the pid and start time."""
         log_path = Path(record.log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "ab")  # noqa: SIM115 - the capture thread closes it
         header = f"=== pdserve {timezone.now().isoformat(timespec='seconds')} starting " \
                  f"{record.slot}: {' '.join(argv)}\n".encode()
-        log_file.write(header)
-        log_file.flush()
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_file = open(log_path, "ab")  # noqa: SIM115 - the capture thread closes it
+            log_file.write(header)
+            log_file.flush()
+        except OSError as exc:
+            self._unstartable(record, f"cannot write its log {log_path}: {exc.strerror or exc}")
+            return None
         launch = argv if record.kind in ManagedProcess.PLANNED_KINDS else [*DIE_WITH_SUPERVISOR, *argv]
         try:
             popen = subprocess.Popen(  # noqa: S603 - argv built from a validated plan or request
@@ -258,7 +271,7 @@ class ProcessEngine:
             )
         except OSError as exc:
             log_file.close()
-            self._unstartable(record, f"cannot start {argv[0] if argv else 'an empty command'}: "
+            self._unstartable(record, f"cannot start {launch[0] if launch else 'an empty command'}: "
                                       f"{exc.strerror or exc}")
             return None
         fields: dict[str, object] = {"restarts": restarts} if restarts is not None else {}

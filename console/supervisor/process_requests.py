@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 import psutil
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from console.supervisor.models import ManagedProcess
@@ -47,11 +48,22 @@ def request(kind: str, slot: str, argv: list[str], env: dict[str, str], log_path
               "state": State.STOPPED, "pid": None, "started_at": None, "ready_at": None,
               "exit_code": None, "last_error": "", "owner_pid": owner_pid,
               "owner_started_at": owner_started_at}
-    previous = ManagedProcess.objects.filter(deployment=None, slot=slot).first()
-    if previous is not None and previous.state in ManagedProcess.ALIVE_STATES:
-        raise ProcessFailed(f"{slot} is still running (pid {previous.pid})")
-    record, _ = ManagedProcess.objects.update_or_create(deployment=None, slot=slot, defaults=fields)
-    return record
+    try:
+        with transaction.atomic():
+            previous = ManagedProcess.objects.select_for_update().filter(deployment=None,
+                                                                          slot=slot).first()
+            if previous is None:
+                return ManagedProcess.objects.create(deployment=None, slot=slot, **fields)
+            pending = previous.wanted == ManagedProcess.Wanted.RUNNING and previous.started_at is None
+            if previous.state in ManagedProcess.ALIVE_STATES or pending:
+                raise ProcessFailed(f"{slot} is still {'running' if previous.pid else 'requested'} "
+                                    f"(pid {previous.pid or '-'}, requested by pid {previous.owner_pid})")
+            for name, value in fields.items():
+                setattr(previous, name, value)
+            previous.save()
+            return previous
+    except IntegrityError as exc:  # another requester created the slot in between
+        raise ProcessFailed(f"{slot} is being requested by another process") from exc
 
 
 def wait_until(record: ManagedProcess, ready: bool, timeout_s: float) -> ManagedProcess:
@@ -86,8 +98,8 @@ def release(record: ManagedProcess, timeout_s: float = 40.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         record.refresh_from_db()
-        if record.state not in ManagedProcess.ALIVE_STATES and (
-                record.started_at is None or record.pid is None):
+        # Not started (the engine takes only a row still wanted), or started and gone.
+        if record.state not in ManagedProcess.ALIVE_STATES:
             return
         time.sleep(POLL_S)
     raise ProcessFailed(f"{record.slot} was still running {timeout_s:.0f} s after its release")

@@ -356,3 +356,22 @@ def test_unknown_base_model_has_no_reference(db: None, tmp_path: Path) -> None:
     base = BaseModel.objects.create(name="only-quantized")
     register(base, tmp_path, "w8a8", config=QUANTIZED_W8A8)
     assert quality.original_variant(base.pk) is None
+
+
+def test_a_gate_cut_short_by_a_supervisor_stop_is_queued_again_not_judged(
+        db: None, tmp_path: Path) -> None:
+    # A deployment whose gate cannot get a reference (no unquantized variant) ends in ERROR:
+    # while the supervisor stops, that is no verdict and the gate is queued for the next one.
+    deployment = make_plan(tmp_path, name="gate-stop")
+    Variant.objects.filter(base=deployment.base_model).update(quantization="compressed-tensors w8a8")
+    gate = GateResult.objects.create(deployment=deployment, trigger="start", state="running",
+                                     prompts=2, min_agreement=0.9, max_mean_delta=0.5, action="block")
+    runner = GateRunner(log_dir=tmp_path)
+    runner._run(gate.pk)
+    gate.refresh_from_db()
+    assert gate.state == "error" and "no unquantized variant" in gate.error
+    GateResult.objects.filter(pk=gate.pk).update(state="running", error="", finished_at=None)
+    runner.stop()
+    runner._run(gate.pk)
+    gate.refresh_from_db()
+    assert (gate.state, gate.started_at, gate.error) == ("queued", None, "")

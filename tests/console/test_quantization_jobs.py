@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 
 from console.catalog.models import BaseModel, QuantizationJob, Variant
 from console.quantization import jobs
-from console.quantization.builder import run_job
+from console.quantization.builder import _Watch, run_job
 from console.supervisor.engine import ProcessEngine
 from console.supervisor.models import ManagedProcess
 from inference.quantization.output import partial_dir
@@ -326,3 +326,17 @@ def test_write_model_used_here_is_quantizable(tmp_path: Path) -> None:
 
     assert check_architecture(read_config(write_model(tmp_path / "m", config=SMOLLM2_DIMS))) == (
         "LlamaForCausalLM")
+
+
+def test_an_event_after_a_progress_bar_frame_on_the_same_line_is_read(base: BaseModel) -> None:
+    # Stdout (events) and stderr (log, tqdm bars) share the supervisor's pipe: a bar frame
+    # without its newline can come first on an event's line.
+    job = jobs.start_job(base, scheme="w4a16", method="rtn")
+    watch = _Watch(job, ManagedProcess(slot=f"build-{job.pk}", kind="builder"))
+    watch._take('calibrating:  10%|#  | 1/10\rcalibrating:  40%|####  | 4/10'
+                '{"event": "progress", "stage": "calibrate", "percent": 41.5, "detail": "layer 4"}')
+    watch._take('{"event": "done", "path": "/x", "seconds": 1.5}')
+    watch._take('a log line with {"event" in it that is not ours')
+    assert watch.progress["percent"] == 41.5 and watch.outcome["event"] == "done"
+    assert list(watch.log) == ["calibrating:  40%|####  | 4/10",
+                               'a log line with {"event" in it that is not ours']

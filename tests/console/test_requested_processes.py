@@ -243,3 +243,39 @@ def test_a_requested_process_has_its_log_page_download_and_status_line(
     assert "gate-reference" in out.getvalue() and "gate-11-reference" in out.getvalue()
     # Scraped for no deployment's dashboard.
     assert supervisor.metric_targets() == []
+
+
+def test_a_pending_request_is_not_taken_over_and_a_release_before_the_start_starts_nothing(
+        supervisor: Supervisor, tmp_path: Path) -> None:
+    argv, port = health_server(tmp_path)
+    row = process_requests.request(Kind.MEASUREMENT, "measure-7-variant", argv, {},
+                                   tmp_path / "m.log", port)
+    with pytest.raises(process_requests.ProcessFailed, match="still requested"):
+        process_requests.request(Kind.MEASUREMENT, "measure-7-variant", argv, {}, tmp_path / "m.log", port)
+    process_requests.release(row)  # returns at once: nothing was started
+    for _ in range(3):
+        supervisor.tick()
+    row.refresh_from_db()
+    assert (row.state, row.pid, row.started_at, row.wanted) == ("stopped", None, None, "stopped")
+    assert supervisor.children == {}
+    # Released, the slot can be asked for again.
+    again = process_requests.request(Kind.MEASUREMENT, "measure-7-variant", argv, {},
+                                     tmp_path / "m.log", port)
+    tick_until(supervisor, again, State.READY)
+
+
+def test_a_request_whose_requester_died_before_the_start_is_failed_unstarted(
+        supervisor: Supervisor, tmp_path: Path) -> None:
+    requester = subprocess.Popen([sys.executable, "-c", SLEEPER])
+    argv, port = health_server(tmp_path)
+    row = ManagedProcess.objects.create(
+        kind=Kind.MEASUREMENT, slot="measure-8-variant", role="colocated", port=port, command=argv,
+        log_path=str(tmp_path / "m.log"), owner_pid=requester.pid,
+        owner_started_at=started_at(requester.pid))
+    requester.kill()
+    requester.wait()
+    supervisor.tick()
+    row.refresh_from_db()
+    assert (row.state, row.pid, row.wanted) == ("failed", None, "stopped")
+    assert f"its requester (pid {requester.pid}) was gone before it started" in row.last_error
+    assert supervisor.children == {}

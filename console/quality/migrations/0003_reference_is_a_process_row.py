@@ -2,6 +2,17 @@
 
 from django.db import migrations
 
+from inference.process_groups import is_same_process, kill_group
+
+
+def kill_references_left_running(apps, schema_editor):
+    # A reference server a SIGKILLed supervisor left behind is known only by these fields, which
+    # go: stop it now (the gate itself is queued again by the next supervisor's recover).
+    GateResult = apps.get_model("quality", "GateResult")
+    for gate in GateResult.objects.filter(state="running").exclude(reference_pid=None):
+        if is_same_process(gate.reference_pid, gate.reference_started_at):
+            kill_group(gate.reference_pid)
+
 
 class Migration(migrations.Migration):
 
@@ -10,6 +21,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunPython(kill_references_left_running, migrations.RunPython.noop),
         migrations.RemoveField(
             model_name='gateresult',
             name='reference_pid',

@@ -8,6 +8,11 @@ def routers_are_their_own_kind(apps, schema_editor):
     apps.get_model("supervisor", "ManagedProcess").objects.filter(role="router").update(kind="router")
 
 
+def forget_requested_processes(apps, schema_editor):
+    # Going back: the table held only deployments' processes, each with a deployment and port.
+    apps.get_model("supervisor", "ManagedProcess").objects.filter(deployment=None).delete()
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -55,5 +60,5 @@ class Migration(migrations.Migration):
             model_name='managedprocess',
             constraint=models.UniqueConstraint(condition=models.Q(('deployment', None)), fields=('slot',), name='process_unique_requested_slot'),
         ),
-        migrations.RunPython(routers_are_their_own_kind, migrations.RunPython.noop),
+        migrations.RunPython(routers_are_their_own_kind, forget_requested_processes),
     ]

@@ -75,6 +75,6 @@ class Command(BaseCommand):
             self.stdout.write("no processes")
         for row in rows:
             self.stdout.write(
-                f"{row.owner_name:20} {row.slot:12} {row.state:9} pid={row.pid or '-':<7} "
-                f"port={row.port} restarts={row.restarts} {row.last_error[:80]}"
+                f"{row.owner_name:20} {row.slot:20} {row.state:9} pid={row.pid or '-':<7} "
+                f"port={row.port or '-'} restarts={row.restarts} {row.last_error[:80]}"
             )
