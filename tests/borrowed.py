@@ -1,0 +1,414 @@
+"""One running tiny-model deployment per test session, lent to one borrower at a time.
+
+The first ``borrow()`` starts it (a run that never borrows pays nothing): a console of its own
+(``manage.py up --no-start``: console, supervisor and job worker on a data directory of their own,
+SQLite), a random-weight tiny Llama (tests/tiny_llama.py) registered through the REST API, and a
+1-prefill/1-decode plan of it with the router, on ports from the kernel, started through the API
+and waited to ready. Later borrowers find it running: they add test minutes, not vLLM start-ups.
+
+A borrower may change the plan, stop the deployment or kill its processes. When it gives the
+deployment back, the original plan is restored (stop, save, start) if it changed, the deployment
+is started if it was stopped, and the return waits until it is clean: every planned process ready
+and alive, the router healthy and a completion answered. If that cannot be reached the borrower's
+test fails, with the processes' errors and log tails, and so does every later borrow.
+
+What "clean" does not cover: restart counts, metrics counters, logs and API keys a borrower added.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from tests.console.sockets import free_port
+from tests.tiny_llama import build_tiny_llama
+
+REPO = Path(__file__).resolve().parent.parent
+SMOLLM2 = Path(os.environ.get("PDSERVE_TEST_MODEL_DIR",
+                              REPO / "data" / "models" / "smollm2-135m-instruct"))
+ADMIN_PASSWORD = "borrowed-admin-password"
+NAME = "borrowed-tiny"
+SERVED_MODEL_NAME = "tiny"
+START_TIMEOUT_S = 420.0
+# How long the console may still call clean processes something other than ready.
+STATE_GRACE_S = 30.0
+# The keys of a deployment's reading that are its state; the others are its plan.
+NOT_PLAN = frozenset({"state", "desired_state", "processes", "created", "updated"})
+
+# Borrowers take turns: the deployment is lent to one at a time.
+_LOCK = threading.Lock()
+
+
+class BorrowError(AssertionError):
+    """The deployment could not be started, or not put back clean."""
+
+
+@dataclass(frozen=True)
+class Handle:
+    """What a borrower gets: where the deployment is and how to talk to it."""
+
+    console: str
+    token: str
+    deployment_id: int
+    router: str
+    served_model_name: str
+    data_dir: Path
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.console, timeout=60,
+                            headers={"Authorization": f"Token {self.token}"})
+
+    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        with self.api() as client:
+            return client.request(method, path, **kwargs)
+
+    def deployment(self) -> dict[str, Any]:
+        response = self.call("GET", f"/api/v1/deployments/{self.deployment_id}/")
+        response.raise_for_status()
+        return response.json()
+
+    def processes(self) -> dict[str, dict[str, Any]]:
+        """The deployment's processes by slot: prefill-0, decode-0, router."""
+        return {p["slot"]: p for p in self.deployment()["processes"]}
+
+    def wait_for_state(self, wanted: str, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            body = self.deployment()
+            if body["state"] == wanted:
+                return body
+            time.sleep(1)
+        raise AssertionError(f"deployment not {wanted} after {timeout_s} s: {body}")
+
+    def complete(self, prompt: str = "The capital of France is", max_tokens: int = 4,
+                 **body: Any) -> httpx.Response:
+        """A completion through the router (random weights: the text means nothing)."""
+        return httpx.post(f"{self.router}/v1/completions", timeout=120, json={
+            "model": self.served_model_name, "prompt": prompt, "max_tokens": max_tokens, **body})
+
+    def log(self, slot: str) -> Path:
+        return self.data_dir / "logs" / NAME / f"{slot}.log"
+
+
+def plan_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in deployment.items() if key not in NOT_PLAN}
+
+
+def plan_body(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The write form (PUT /api/v1/deployments/<id>/) of a deployment as read."""
+    body = {key: deployment[key] for key in (
+        "name", "base_model", "served_model_name", "mode", "max_model_len", "longest_request",
+        "concurrency", "kv_channel", "kv_cache_gib", "block_size", "kv_cache_dtype",
+        "kv_load_failure", "dtype", "engine_version", "sampling_defaults")}
+    for worker in sorted(deployment["workers"], key=lambda w: (w["role"], w["index"])):
+        pool = body.setdefault(worker["role"], {"variant": worker["variant_id"], "instances": []})
+        pool["instances"].append({key: worker[key] for key in (
+            "node", "cpu_cores", "gpu_indices", "port", "side_channel_port", "share_devices")})
+    body["router"] = {key: value for key, value in deployment["router"].items() if key != "host"}
+    body["gate"] = {key: deployment["gate"][key] for key in (
+        "mode", "prompts", "min_agreement", "max_mean_logprob_delta", "action")}
+    return body
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class BorrowedDeployment:
+    """The facility: started on first use, lent serially, stopped by :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.handle: Handle | None = None
+        self.start_seconds: float | None = None
+        self._up: subprocess.Popen[bytes] | None = None
+        self._up_log: Any = None
+        self._model: Path | None = None
+        self._plan: dict[str, Any] = {}
+        self._broken = ""
+        self._holder: int | None = None  # the thread it is lent to
+
+    # ---- lending -----------------------------------------------------------------------
+    @contextmanager
+    def borrow(self, root: Path | None = None) -> Iterator[Handle]:
+        """Lend the deployment (starting it the first time, under ``root`` or a temporary
+        directory); on return, put it back clean or fail."""
+        if self._holder == threading.get_ident():
+            raise BorrowError("the borrowed deployment is already lent to this thread (a nested borrow)")
+        if not _LOCK.acquire(timeout=START_TIMEOUT_S):
+            raise BorrowError(f"the borrowed deployment was not given back within {START_TIMEOUT_S:.0f} s")
+        self._holder = threading.get_ident()
+        try:
+            if self._broken:
+                raise BorrowError(f"the borrowed deployment is broken: {self._broken}")
+            handle = self.handle or self._start(root)
+            try:
+                yield handle
+            finally:
+                self._put_back(handle)
+        finally:
+            self._holder = None
+            _LOCK.release()
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The plan as first started (``plan_of`` a deployment reading), which put-back restores."""
+        return dict(self._plan)
+
+    def pids(self) -> set[int]:
+        """Every process of the facility (console, supervisor, workers, router); empty before
+        the first borrow and after :meth:`close`."""
+        if self._up is None or self._up.poll() is not None:
+            return set()
+        try:
+            up = psutil.Process(self._up.pid)
+            return {up.pid, *(child.pid for child in up.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            return set()
+
+    # ---- start -------------------------------------------------------------------------
+    def _start(self, root: Path | None) -> Handle:
+        started = time.monotonic()
+        root = root or Path(tempfile.mkdtemp(prefix="pdserve-borrowed-"))
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            handle = self._create_and_start(self._start_console(root))
+        except BaseException as exc:
+            self._broken = f"it did not start: {exc}"
+            self.close()
+            raise
+        self.handle = handle
+        self.start_seconds = time.monotonic() - started
+        return handle
+
+    def _start_console(self, root: Path) -> Handle:
+        if not (SMOLLM2 / "tokenizer.json").is_file():
+            subprocess.run([sys.executable, "-m", "inference.prepare_model", "--out", str(SMOLLM2)],
+                           cwd=REPO, check=True)
+        self._model = build_tiny_llama(SMOLLM2, root / "tiny-llama")
+        data_dir = root / "data"
+        port = free_port()
+        env = {**os.environ, "PDSERVE_DATA_DIR": str(data_dir), "PDSERVE_KV_DIR": str(data_dir / "kv"),
+               "PDSERVE_ADMIN_USER": "admin", "PDSERVE_ADMIN_PASSWORD": ADMIN_PASSWORD,
+               "PDSERVE_CONSOLE_PORT": str(port), "PDSERVE_ROUTER_PORT": str(free_port())}
+        for name in ("DATABASE_URL", "REDIS_URL"):
+            env.pop(name, None)
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=REPO, env=env, check=True)
+        # `up` bootstraps the default plan too; it is never started here.
+        subprocess.run([*manage, "bootstrap", "--model-dir", str(SMOLLM2)], cwd=REPO, env=env,
+                       check=True, stdout=subprocess.DEVNULL)
+        self._up_log = open(root / "up.log", "wb")  # noqa: SIM115 - closed in close()
+        self._up = subprocess.Popen([*manage, "up", "--no-start"], cwd=REPO, env=env,
+                                    stdout=self._up_log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        atexit.register(self.close)
+        console = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            if self._up.poll() is not None:
+                raise BorrowError(f"manage.py up exited with {self._up.returncode}: "
+                                  f"{_tail(root / 'up.log')}")
+            try:
+                response = httpx.post(f"{console}/api/v1/auth/token/", timeout=5, data={
+                    "username": "admin", "password": ADMIN_PASSWORD})
+                token = response.json()["token"]
+                break
+            except (httpx.TransportError, ValueError, KeyError):
+                if time.monotonic() > deadline:
+                    raise BorrowError(f"the console did not answer: {_tail(root / 'up.log')}") from None
+                time.sleep(0.5)
+        return Handle(console=console, token=token, deployment_id=0, router="",
+                      served_model_name=SERVED_MODEL_NAME, data_dir=data_dir)
+
+    def _create_and_start(self, console: Handle) -> Handle:
+        """Register the tiny model with ``console`` (a handle without a deployment yet), plan
+        it, start it and wait until it is clean."""
+        _expect(console.call("POST", "/api/v1/models/", json={"name": "tiny"}), 201)
+        _expect(console.call("POST", "/api/v1/variants/", json={
+            "base_model": "tiny", "name": "f32", "path": str(self._model)}), 201)
+        created = _expect(console.call("POST", "/api/v1/deployments/", json={
+            "name": NAME, "base_model": "tiny", "served_model_name": SERVED_MODEL_NAME,
+            "max_model_len": 2048, "longest_request": 2048, "kv_cache_gib": 1,
+            "dtype": "float32", "kv_channel": "shared-storage",
+            "sampling_defaults": {"temperature": 0},
+            # Ports from the kernel: clear of the fixed ones other suites' deployments use.
+            "prefill": {"variant": "tiny/f32", "instances": [
+                {"cpu_cores": "0", "port": free_port(), "side_channel_port": free_port()}]},
+            "decode": {"variant": "tiny/f32", "instances": [
+                {"cpu_cores": "1", "port": free_port(), "side_channel_port": free_port()}]},
+            "router": {"port": free_port()},
+        }), 201)
+        if not created["checks"]["ok"]:
+            raise BorrowError(f"the plan's checks failed: {created['checks']}")
+        handle = replace(console, deployment_id=created["id"], router=created["router_url"])
+        _expect(handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/start"), 202)
+        self._wait_clean(handle, "starting it")
+        self._plan = plan_of(handle.deployment())
+        return handle
+
+    # ---- put back ----------------------------------------------------------------------
+    def _put_back(self, handle: Handle) -> None:
+        try:
+            body = handle.deployment()
+            if plan_of(body) != self._plan:
+                self._stop(handle)
+                _expect(handle.call("PUT", f"/api/v1/deployments/{handle.deployment_id}/",
+                                    json=plan_body(self._plan)), 200)
+                body = handle.deployment()
+                if plan_of(body) != self._plan:
+                    raise BorrowError(f"the original plan did not come back: {plan_of(body)}")
+            if body["desired_state"] != "running":
+                if body["state"] != "stopped":
+                    handle.wait_for_state("stopped", timeout_s=90)
+                _expect(handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/start"), 202)
+            self._wait_clean(handle, "putting it back")
+        except BaseException as exc:
+            self._broken = f"it was not put back clean: {exc}"
+            raise
+
+    def _stop(self, handle: Handle) -> None:
+        if handle.deployment()["desired_state"] == "running":
+            _expect(handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/stop"), 202)
+        handle.wait_for_state("stopped", timeout_s=90)
+
+    def _wait_clean(self, handle: Handle, doing: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        settled_at: float | None = None  # since when only the console's word is wrong
+        while True:
+            state, problems = self._problems(handle)
+            now = time.monotonic()
+            if state == "ready" and not problems:
+                return
+            if problems:
+                settled_at = None
+            else:
+                settled_at = settled_at or now
+                if now - settled_at > STATE_GRACE_S:
+                    body = handle.deployment()
+                    planned = {w["slot"] for w in body["workers"]} | {"router"}
+                    stale = [f"{p['slot']} {p['state']}" for p in body["processes"]
+                             if p["slot"] not in planned]
+                    raise BorrowError(
+                        f"{doing}: every planned process is ready and a completion answered, but "
+                        f"the console's state stays {state!r} (rows of unplanned slots: "
+                        f"{', '.join(stale) or 'none'})\n{self._diagnosis(handle)}")
+            if now > deadline:
+                problems = problems or [f"state {state}"]
+                raise BorrowError(f"{doing}: not clean after {timeout_s:.0f} s: "
+                                  f"{'; '.join(problems)}\n{self._diagnosis(handle)}")
+            time.sleep(1)
+
+    def _problems(self, handle: Handle) -> tuple[str, list[str]]:
+        """The console's word for the deployment, and what keeps its processes from clean:
+        every planned one ready and alive, the router healthy, a completion answered."""
+        body = handle.deployment()
+        problems = [] if body["desired_state"] == "running" else [
+            f"desired state {body['desired_state']}"]
+        processes = {p["slot"]: p for p in body["processes"]}
+        planned = {w["slot"] for w in body["workers"]} | {"router"}
+        for slot in sorted(planned | set(processes)):
+            process = processes.get(slot)
+            if process is None:
+                problems.append(f"{slot}: no process")
+            elif slot not in planned:
+                if process["state"] != "stopped":  # left by a plan that had it: must stop
+                    problems.append(f"{slot} (not planned) {process['state']}")
+            elif process["state"] != "ready":
+                problems.append(f"{slot} {process['state']} {process['last_error']}".strip())
+            elif not _alive(process["pid"]):
+                problems.append(f"{slot}: pid {process['pid']} is gone")
+        if problems:
+            return body["state"], problems
+        try:
+            health = httpx.get(f"{handle.router}/health", timeout=5)
+            if health.status_code != 200:
+                return body["state"], [f"router /health {health.status_code}: {health.text[:300]}"]
+            answer = handle.complete(prompt="Hello", max_tokens=2)
+        except httpx.HTTPError as exc:
+            return body["state"], [f"router: {exc!r}"]
+        if answer.status_code != 200 or not answer.json().get("choices"):
+            return body["state"], [f"completion {answer.status_code}: {answer.text[:300]}"]
+        return body["state"], []
+
+    def _diagnosis(self, handle: Handle) -> str:
+        lines = []
+        for slot, process in handle.processes().items():
+            lines.append(f"--- {slot}: {process['state']} pid {process['pid']} "
+                         f"restarts {process['restarts']} {process['last_error']}")
+            lines.append(_tail(handle.log(slot)))
+        return "\n".join(lines)
+
+    # ---- the end -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop everything (the supervisor stops the workers and the router)."""
+        up, self._up = self._up, None
+        self.handle = None
+        if up is None:
+            return
+        family: set[int] = set()
+        try:
+            family = {child.pid for child in psutil.Process(up.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+        if up.poll() is None:
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(up.pid, signal.SIGKILL)
+                up.wait()
+        for pid in family:
+            if _alive(pid):  # only after `up` itself had to be killed
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if self._up_log is not None:
+            self._up_log.close()
+
+
+def _expect(response: httpx.Response, status: int) -> dict[str, Any]:
+    if response.status_code != status:
+        raise BorrowError(f"{response.request.method} {response.request.url}: "
+                          f"{response.status_code}, expected {status}: {response.text[:2000]}")
+    return response.json()
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"({path}: {exc})"
+
+
+# The session's one deployment.
+FACILITY = BorrowedDeployment()
+
+
+def borrow(root: Path | None = None) -> AbstractContextManager[Handle]:
+    """``with borrow() as handle:`` the session's tiny-model deployment, put back clean after."""
+    return FACILITY.borrow(root)
+
+
+def shutdown() -> None:
+    FACILITY.close()
