@@ -17,10 +17,13 @@ def overall_state(deployment: Deployment, processes: list[ManagedProcess]) -> st
     alive = states & set(ManagedProcess.ALIVE_STATES)
     if deployment.desired_state == Deployment.DesiredState.STOPPED:
         return "stopping" if alive else "stopped"
-    expected = len(deployment.workers.all()) + 1  # workers + the router
-    if ManagedProcess.State.FAILED in states:
+    # The plan's slots decide: a slot the plan no longer has leaves a stopped row behind (or a
+    # draining one, still finishing its requests), which neither fails nor holds up the rest.
+    planned = {w.slot for w in deployment.workers.all()} | {"router"}
+    current = {p.slot: p.state for p in processes if p.slot in planned}
+    if ManagedProcess.State.FAILED in current.values():
         return "failed"
-    if len(processes) >= expected and states == {ManagedProcess.State.READY}:
+    if current.keys() == planned and set(current.values()) == {ManagedProcess.State.READY}:
         return "ready"
     if router_hold(deployment).startswith("output gate"):
         return "blocked"  # the workers run, the router does not: the output gate failed

@@ -46,7 +46,8 @@ def add_process(deployment: Deployment, slot: str, role: str, port: int, state: 
 
 
 def add_full_process_table(deployment: Deployment, states: dict[str, str]) -> None:
-    ports = {"prefill-0": 8100, "decode-0": 8200, "router": deployment.router_port}
+    ports = {"prefill-0": 8100, "decode-0": 8200, "decode-1": 8201, "colocated-0": 8300,
+             "router": deployment.router_port}
     for slot, state in states.items():
         add_process(deployment, slot, slot.split("-")[0], ports[slot], state)
 
@@ -168,6 +169,12 @@ def test_detail_of_a_missing_deployment_is_404(api: APIClient, deployment: Deplo
         ("running", {"prefill-0": State.READY, "router": State.READY}, "starting"),
         ("running", {"prefill-0": State.STARTING, "decode-0": State.READY, "router": State.READY},
          "starting"),
+        # A slot the plan no longer has (scaled down, or a switch of topology) leaves its row:
+        # stopped or still draining, it holds up nothing; failed, it fails nothing.
+        ("running", {"prefill-0": State.READY, "decode-0": State.READY, "router": State.READY,
+                     "decode-1": State.STOPPED, "colocated-0": State.FAILED}, "ready"),
+        ("running", {"prefill-0": State.READY, "decode-0": State.READY, "router": State.READY,
+                     "decode-1": State.STOPPING}, "ready"),
         ("stopped", {"prefill-0": State.STOPPED, "decode-0": State.FAILED, "router": State.STOPPED},
          "stopped"),
         ("stopped", {"prefill-0": State.STOPPED, "decode-0": State.STOPPING,
