@@ -50,8 +50,9 @@ def request(kind: str, slot: str, argv: list[str], env: dict[str, str], log_path
               "owner_started_at": owner_started_at}
     try:
         with transaction.atomic():
-            previous = ManagedProcess.objects.select_for_update().filter(deployment=None,
-                                                                          slot=slot).first()
+            # No ordering: the table's default joins deployments, which FOR UPDATE cannot lock.
+            previous = ManagedProcess.objects.select_for_update().filter(
+                deployment=None, slot=slot).order_by().first()
             if previous is None:
                 return ManagedProcess.objects.create(deployment=None, slot=slot, **fields)
             pending = previous.wanted == ManagedProcess.Wanted.RUNNING and previous.started_at is None

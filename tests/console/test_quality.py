@@ -8,6 +8,7 @@ import datetime
 import json
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -359,7 +360,7 @@ def test_unknown_base_model_has_no_reference(db: None, tmp_path: Path) -> None:
 
 
 def test_a_gate_cut_short_by_a_supervisor_stop_is_queued_again_not_judged(
-        db: None, tmp_path: Path) -> None:
+        transactional_db: None, tmp_path: Path) -> None:
     # A deployment whose gate cannot get a reference (no unquantized variant) ends in ERROR:
     # while the supervisor stops, that is no verdict and the gate is queued for the next one.
     deployment = make_plan(tmp_path, name="gate-stop")
@@ -367,11 +368,18 @@ def test_a_gate_cut_short_by_a_supervisor_stop_is_queued_again_not_judged(
     gate = GateResult.objects.create(deployment=deployment, trigger="start", state="running",
                                      prompts=2, min_agreement=0.9, max_mean_delta=0.5, action="block")
     runner = GateRunner(log_dir=tmp_path)
-    runner._run(gate.pk)
+
+    def run_in_its_thread() -> None:
+        # As the supervisor runs a gate: in a thread with a database connection of its own.
+        thread = threading.Thread(target=runner._run, args=(gate.pk,))
+        thread.start()
+        thread.join(timeout=30)
+
+    run_in_its_thread()
     gate.refresh_from_db()
     assert gate.state == "error" and "no unquantized variant" in gate.error
     GateResult.objects.filter(pk=gate.pk).update(state="running", error="", finished_at=None)
     runner.stop()
-    runner._run(gate.pk)
+    run_in_its_thread()
     gate.refresh_from_db()
     assert (gate.state, gate.started_at, gate.error) == ("queued", None, "")
