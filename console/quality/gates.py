@@ -19,17 +19,15 @@ from django.utils import timezone
 from console.deployments.models import Deployment
 from console.quality import services
 from console.quality.models import GateResult
+from console.quality.servers import served
 from console.supervisor.models import ManagedProcess
-from console.supervisor.process_requests import ProcessFailed, supervised
+from console.supervisor.process_requests import ProcessFailed
 from inference.launch import LaunchError
 from inference.output_gate import (
-    SERVER_START_TIMEOUT_S,
     GateError,
     ReferenceServer,
-    free_port,
     load_prompts,
     run_gate,
-    server_command,
 )
 
 log = logging.getLogger("pdserve.quality")
@@ -122,14 +120,12 @@ class GateRunner:
                                  max_model_len=deployment.max_model_len,
                                  data_dir=str(settings.DATA_DIR))
         log_path = self.log_dir / deployment.name / "gate-reference.log"
-        port = free_port()
-        argv, env = server_command(server, port)
         try:
             prompts = load_prompts(gate.prompts)
             if self.stopping.is_set():
                 raise ProcessFailed("the supervisor is stopping")
-            with supervised(ManagedProcess.Kind.GATE_REFERENCE, f"gate-{gate.pk}-reference", argv,
-                            env, log_path, port, SERVER_START_TIMEOUT_S) as process:
+            with served(server, ManagedProcess.Kind.GATE_REFERENCE, f"gate-{gate.pk}-reference",
+                        log_path) as process:
                 report = run_gate(process.url, services.candidates(deployment), prompts,
                                   thresholds=services.thresholds(gate))
         except (GateError, LaunchError, ProcessFailed, OSError) as exc:

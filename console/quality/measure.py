@@ -22,21 +22,19 @@ from console.catalog.models import Variant
 from console.celery import app
 from console.fleet.models import Node
 from console.quality.models import VariantMeasurement
+from console.quality.servers import served
 from console.quality.services import original_variant
 from console.supervisor.models import ManagedProcess
-from console.supervisor.process_requests import ProcessFailed, supervised, this_process
+from console.supervisor.process_requests import ProcessFailed, this_process
 from inference.launch import LaunchError
 from inference.output_gate import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PROMPTS,
-    SERVER_START_TIMEOUT_S,
     GateError,
     ReferenceServer,
-    free_port,
     load_prompts,
     reference_answers,
     run_gate,
-    server_command,
 )
 from inference.process_groups import is_same_process
 from inference.variant_speed import measure as measure_speed
@@ -118,13 +116,11 @@ def _measure(measurement: VariantMeasurement) -> dict[str, object]:
     log_dir.mkdir(parents=True, exist_ok=True)
 
     def server(path: str, part: str, name: str) -> AbstractContextManager[ManagedProcess]:
-        """One vLLM server of the measurement (``part``: reference or variant), run by the
-        supervisor."""
-        port = free_port()
-        argv, env = server_command(ReferenceServer(model_path=path, port=port, dtype=measurement.dtype,
-                                                   cores=cores, data_dir=str(settings.DATA_DIR)), port)
-        return supervised(ManagedProcess.Kind.MEASUREMENT, f"measure-{measurement.pk}-{part}", argv,
-                          env, log_dir / f"{measurement.pk}-{name}.log", port, SERVER_START_TIMEOUT_S)
+        """One vLLM server of the measurement (``part``: reference or variant)."""
+        return served(ReferenceServer(model_path=path, port=0, dtype=measurement.dtype, cores=cores,
+                                      data_dir=str(settings.DATA_DIR)),
+                      ManagedProcess.Kind.MEASUREMENT, f"measure-{measurement.pk}-{part}",
+                      log_dir / f"{measurement.pk}-{name}.log")
 
     prompts = load_prompts(DEFAULT_PROMPTS)
     answers = None
