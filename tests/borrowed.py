@@ -35,6 +35,7 @@ import httpx
 import psutil
 
 from tests.console.sockets import free_port
+from tests.console_api import ConsoleApi
 from tests.tiny_llama import build_tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +59,7 @@ class BorrowError(AssertionError):
 
 
 @dataclass(frozen=True)
-class Handle:
+class Handle(ConsoleApi):
     """What a borrower gets: where the deployment is and how to talk to it."""
 
     console: str
@@ -67,14 +68,6 @@ class Handle:
     router: str
     served_model_name: str
     data_dir: Path
-
-    def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.console, timeout=60,
-                            headers={"Authorization": f"Token {self.token}"})
-
-    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        with self.api() as client:
-            return client.request(method, path, **kwargs)
 
     def deployment(self) -> dict[str, Any]:
         response = self.call("GET", f"/api/v1/deployments/{self.deployment_id}/")

@@ -23,9 +23,10 @@ def listening(port: int) -> bool:
     return True
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0,
+             interval: float = 0.02) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(interval)

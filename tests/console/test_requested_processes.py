@@ -47,6 +47,15 @@ def started_at(pid: int) -> datetime:
     return datetime.fromtimestamp(psutil.Process(pid).create_time(), tz=timezone.get_current_timezone())
 
 
+def requested_by(requester: subprocess.Popen[str], slot: str, argv: list[str], port: int,
+                 tmp_path: Path) -> ManagedProcess:
+    """A measurement server's row as ``requester`` (standing in for a Celery worker) asks."""
+    return ManagedProcess.objects.create(
+        kind=Kind.MEASUREMENT, slot=slot, role="colocated", port=port, command=argv,
+        log_path=str(tmp_path / "m.log"), owner_pid=requester.pid,
+        owner_started_at=started_at(requester.pid))
+
+
 def health_server(tmp_path: Path, status: int = 200) -> tuple[list[str], int]:
     port = free_port()
     status_file = tmp_path / f"status-{port}"
@@ -89,10 +98,7 @@ def test_a_requested_process_whose_requester_died_is_stopped_and_failed(supervis
     # A real process stands in for the Celery worker that asked for the server.
     requester = subprocess.Popen([sys.executable, "-c", SLEEPER])
     argv, port = health_server(tmp_path)
-    row = ManagedProcess.objects.create(
-        kind=Kind.MEASUREMENT, slot="measure-2-variant", role="colocated", port=port, command=argv,
-        log_path=str(tmp_path / "m.log"), owner_pid=requester.pid,
-        owner_started_at=started_at(requester.pid))
+    row = requested_by(requester, "measure-2-variant", argv, port, tmp_path)
     tick_until(supervisor, row, State.READY)
     server = row.pid
     requester.kill()
@@ -268,10 +274,7 @@ def test_a_request_whose_requester_died_before_the_start_is_failed_unstarted(
         supervisor: Supervisor, tmp_path: Path) -> None:
     requester = subprocess.Popen([sys.executable, "-c", SLEEPER])
     argv, port = health_server(tmp_path)
-    row = ManagedProcess.objects.create(
-        kind=Kind.MEASUREMENT, slot="measure-8-variant", role="colocated", port=port, command=argv,
-        log_path=str(tmp_path / "m.log"), owner_pid=requester.pid,
-        owner_started_at=started_at(requester.pid))
+    row = requested_by(requester, "measure-8-variant", argv, port, tmp_path)
     requester.kill()
     requester.wait()
     supervisor.tick()

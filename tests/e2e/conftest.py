@@ -20,6 +20,7 @@ import pytest
 
 from inference.launch import WorkerSpec, build_command
 from tests.console.sockets import free_port
+from tests.console_api import ConsoleApi
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(os.environ.get(
@@ -30,7 +31,7 @@ START_TIMEOUT_S = 420
 
 
 @dataclass
-class Stack:
+class Stack(ConsoleApi):
     console: str
     token: str
     deployment_id: int
@@ -38,10 +39,6 @@ class Stack:
     reference: str
     data_dir: Path
     reference_pid: int
-
-    def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.console, timeout=30,
-                            headers={"Authorization": f"Token {self.token}"})
 
     def deployment(self) -> dict:
         with self.api() as client:

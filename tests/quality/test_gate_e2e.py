@@ -33,6 +33,7 @@ import httpx
 import pytest
 
 from tests.console.sockets import free_port
+from tests.console_api import ConsoleApi
 from tests.quant.conftest import QUANT_PYTHON, SMOLLM2, build_random_llama, quantize
 
 pytestmark = pytest.mark.vllm
@@ -66,19 +67,11 @@ def damage(source: Path, out: Path) -> Path:
 
 
 @dataclass
-class GateStack:
+class GateStack(ConsoleApi):
     console: str
     token: str
     data_dir: Path
     session: httpx.Client  # logged in, for the HTML pages
-
-    def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.console, timeout=60,
-                            headers={"Authorization": f"Token {self.token}"})
-
-    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        with self.api() as client:
-            return client.request(method, path, **kwargs)
 
     def wait(self, path: str, until: Any, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s

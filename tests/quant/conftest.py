@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from tests.console.sockets import free_port
+from tests.console_api import ConsoleApi
 from tests.tiny_llama import build_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @dataclass
-class QuantStack:
+class QuantStack(ConsoleApi):
     """A console (uvicorn), the supervisor and a Celery worker on a data directory of their own."""
 
     data_dir: Path
@@ -67,10 +68,6 @@ class QuantStack:
     console: str
     token: str = ""
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.console, timeout=30,
-                            headers={"Authorization": f"Token {self.token}"})
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         log = open(self.data_dir / "worker.log", "ab")  # noqa: SIM115 - closed with the process

@@ -90,10 +90,9 @@ def test_a_job_whose_worker_is_killed_is_failed_and_cleaned_up(quant_stack: Quan
 
 
 def measurement(stack: QuantStack, measurement_id: int) -> dict:
-    with stack.api() as client:
-        response = client.get(f"/api/v1/measurements/{measurement_id}/")
-        response.raise_for_status()
-        return response.json()
+    response = stack.call("GET", f"/api/v1/measurements/{measurement_id}/")
+    response.raise_for_status()
+    return response.json()
 
 
 def vllm_servers(stack: QuantStack) -> list[psutil.Process]:

@@ -7,37 +7,31 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.console.sockets import free_port
+from tests.console.sockets import free_port, wait_for
 from tests.quant.conftest import REPO, QuantStack
 
 pytestmark = pytest.mark.vllm
 
 
 def call(stack: QuantStack, method: str, path: str, **kwargs: Any) -> Any:
-    with stack.api() as client:
-        response = client.request(method, path, **kwargs)
+    response = stack.call(method, path, **kwargs)
     assert response.status_code < 300, f"{method} {path}: {response.status_code} {response.text}"
     return response.json()
+
+
+def state(stack: QuantStack, deployment: int) -> str:
+    return str(call(stack, "GET", f"/api/v1/deployments/{deployment}/")["state"])
 
 
 def reference_servers(stack: QuantStack) -> list[psutil.Process]:
     supervisor = psutil.Process(stack.processes["supervisor"].pid)
     return [p for p in supervisor.children()
             if "--served-model-name reference" in " ".join(p.cmdline())]
-
-
-def wait(what: str, check: Any, timeout_s: float, interval_s: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s"
-        time.sleep(interval_s)
-    return value
 
 
 def test_a_gate_whose_supervisor_is_killed_loses_its_reference_and_runs_again(
@@ -56,7 +50,8 @@ def test_a_gate_whose_supervisor_is_killed_loses_its_reference_and_runs_again(
     try:
         call(quant_stack, "POST", f"/api/v1/deployments/{deployment}/start")
         # Mid-gate: both workers ready, the reference server started by the supervisor.
-        server = wait("reference server", lambda: reference_servers(quant_stack), 420)[0]
+        wait_for(lambda: bool(reference_servers(quant_stack)), "the reference server", 420, interval=0.5)
+        server = reference_servers(quant_stack)[0]
         gate = call(quant_stack, "GET", f"/api/v1/deployments/{deployment}/gate")["results"][0]
         assert gate["state"] == "running"
 
@@ -71,9 +66,9 @@ def test_a_gate_whose_supervisor_is_killed_loses_its_reference_and_runs_again(
             stderr=open(quant_stack.data_dir / "supervisor.log", "ab"))  # noqa: SIM115
         # (Its workers are "failed" for a moment: the new supervisor killed the ones it found
         # orphaned, and starts them again.)
-        body = wait("ready deployment", lambda: (
-            b if (b := call(quant_stack, "GET", f"/api/v1/deployments/{deployment}/"))["state"]
-            in ("ready", "blocked") else None), 600)
+        wait_for(lambda: state(quant_stack, deployment) in ("ready", "blocked"),
+                 "a ready or blocked deployment", 600, interval=1.0)
+        body = call(quant_stack, "GET", f"/api/v1/deployments/{deployment}/")
         summary = call(quant_stack, "GET", f"/api/v1/deployments/{deployment}/gate")
         again = next(r for r in summary["results"] if r["id"] == gate["id"])
         # The same gate, queued again by the new supervisor and run to its verdict.
@@ -82,5 +77,5 @@ def test_a_gate_whose_supervisor_is_killed_loses_its_reference_and_runs_again(
         assert reference_servers(quant_stack) == []
     finally:
         call(quant_stack, "POST", f"/api/v1/deployments/{deployment}/stop")
-        wait("stopped deployment", lambda: call(
-            quant_stack, "GET", f"/api/v1/deployments/{deployment}/")["state"] == "stopped", 120)
+        wait_for(lambda: state(quant_stack, deployment) == "stopped", "the deployment stopped",
+                 120, interval=1.0)
