@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -204,8 +205,9 @@ def test_a_removed_worker_is_kept_while_its_running_router_refuses_then_stopped_
         time.sleep(0.35)  # the limit passes
         assert pools.drained(deployment, worker.role, worker.url)
     assert caplog.text.count(f"cannot read whether {worker.url} is drained") == 1
-    assert ("router admin API unreadable for 0 s (last error: GET /admin/backends: ConnectError"
-            in caplog.text)
+    # The seconds are whole and the refused connects take time on a loaded machine: 0 or 1.
+    assert re.search(r"router admin API unreadable for [01] s \(last error: GET /admin/backends: "
+                     r"ConnectError", caplog.text)
     assert f"stopping {worker.url} anyway" in caplog.text
     assert pools.draining == {}
 
