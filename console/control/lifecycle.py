@@ -6,8 +6,11 @@ and refuses while any error stands.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 
+from console.audit.entries import record, snapshot
 from console.checks.suite import Report, run_checks
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput, save_plan
@@ -22,10 +25,24 @@ class Refused(Exception):
         self.report = report
 
 
+def plan_record(deployment: Deployment) -> dict[str, Any]:
+    """The plan as the audit log shows it: its fields and one line per worker slot."""
+    fields = snapshot(deployment, exclude=("created", "updated", "desired_state"))
+    for worker in deployment.workers.order_by("role", "index"):
+        fields[f"worker {worker.slot}"] = snapshot(
+            worker, exclude=("id", "deployment", "role", "index"))
+    return fields
+
+
 def request_state(deployment: Deployment, desired: str) -> Deployment:
     """Record what the operator wants; the supervisor makes it so on its next tick."""
-    Deployment.objects.filter(pk=deployment.pk).update(desired_state=desired)
-    deployment.refresh_from_db()
+    with transaction.atomic():
+        before = deployment.desired_state
+        Deployment.objects.filter(pk=deployment.pk).update(desired_state=desired)
+        deployment.refresh_from_db()
+        verb = "start" if desired == Deployment.DesiredState.RUNNING else "stop"
+        record(f"deployment.{verb}", deployment, before={"desired_state": before},
+               after={"desired_state": desired})
     return deployment
 
 
@@ -54,10 +71,13 @@ def save(data: PlanInput, deployment: Deployment | None = None) -> tuple[Deploym
     """Save a plan and check it. A running deployment keeps its old plan if the new one fails:
     the supervisor acts on a running plan's changes at once, so saving it is a start too."""
     with transaction.atomic():
+        before = plan_record(deployment) if deployment is not None else {}
         saved = save_plan(data, deployment)
         report = run_checks(saved)
         if saved.desired_state == Deployment.DesiredState.RUNNING and not report.ok:
             raise Refused(report, "saving a running plan")
+        record("deployment.create" if deployment is None else "deployment.edit", saved,
+               before=before, after=plan_record(saved))
     return saved, report
 
 

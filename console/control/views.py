@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from console.accounts.models import Role, Team
+from console.accounts.roles import may, require, role_in, visible, visible_teams
 from console.checks.suite import Report
 from console.control import lifecycle
 from console.control.status import overall_state
@@ -17,66 +19,80 @@ from console.fleet.services import local_node
 from console.quality.views import advice_context, gate_context
 
 
-def _deployments() -> list[Deployment]:
-    return list(Deployment.objects.select_related("base_model").prefetch_related(
+def _deployments(request: HttpRequest) -> list[Deployment]:
+    return list(visible(Deployment.objects.select_related("base_model", "team").prefetch_related(
         "workers__variant", "processes"
-    ))
+    ), request.user))
 
 
-def _get(name: str) -> Deployment:
-    return get_object_or_404(
+def _get(request: HttpRequest, name: str, role: Role = Role.VIEWER) -> Deployment:
+    """The deployment if the user's team owns it (else 404) and their role there is at least
+    ``role`` (else 403)."""
+    deployment = get_object_or_404(visible(
         Deployment.objects.prefetch_related("processes", "workers__variant", "workers__node"),
-        name=name,
-    )
+        request.user), name=name)
+    require(request.user, deployment.team_id, role)
+    return deployment
 
 
-def _context(deployment: Deployment) -> dict[str, object]:
+def _context(request: HttpRequest, deployment: Deployment) -> dict[str, object]:
     processes = list(deployment.processes.all())
+    held = role_in(request.user, deployment.team_id)
     return {
         "deployment": deployment,
         "state": overall_state(deployment, processes),
         "processes": [(p, p.tail(5)) for p in processes],
+        # What the page offers: buttons for what the role may do, nothing else.
+        "can_operate": held is not None and held.rank >= Role.OPERATOR.rank,
+        "can_edit": held is not None and held.rank >= Role.ADMIN.rank,
     }
 
 
-def _page(deployment: Deployment) -> dict[str, object]:
+def _page(request: HttpRequest, deployment: Deployment) -> dict[str, object]:
     """The detail page: the process table plus the output gate and advice panels."""
-    return {**_context(deployment), **gate_context(deployment), **advice_context(deployment)}
+    return {**_context(request, deployment), **gate_context(deployment),
+            **advice_context(deployment)}
+
+
+def _admin_teams(request: HttpRequest) -> list[Team]:
+    return [t for t in visible_teams(request.user) if may(request.user, t.pk, Role.ADMIN)]
 
 
 @login_required
 def deployment_list(request: HttpRequest) -> HttpResponse:
-    rows = [(d, overall_state(d, list(d.processes.all()))) for d in _deployments()]
-    return render(request, "deployments/list.html", {"rows": rows})
+    rows = [(d, overall_state(d, list(d.processes.all()))) for d in _deployments(request)]
+    return render(request, "deployments/list.html",
+                  {"rows": rows, "can_create": bool(_admin_teams(request))})
 
 
 @login_required
 def deployment_detail(request: HttpRequest, name: str) -> HttpResponse:
-    deployment = _get(name)
+    deployment = _get(request, name)
     return render(request, "deployments/detail.html",
-                  {**_page(deployment), "report": lifecycle.check(deployment)})
+                  {**_page(request, deployment), "report": lifecycle.check(deployment)})
 
 
 @login_required
 def deployment_processes(request: HttpRequest, name: str) -> HttpResponse:
     """The process table alone, fetched every few seconds by the page's script."""
-    return render(request, "deployments/_processes.html", _context(_get(name)))
+    return render(request, "deployments/_processes.html", _context(request, _get(request, name)))
 
 
 @login_required
 def deployment_checks(request: HttpRequest, name: str) -> HttpResponse:
     """The check table alone: the detail page refreshes it (ports change while it is open)."""
-    return render(request, "deployments/_checks.html", {"report": lifecycle.check(_get(name))})
+    return render(request, "deployments/_checks.html",
+                  {"report": lifecycle.check(_get(request, name))})
 
 
 @login_required
 @require_POST
 def deployment_start(request: HttpRequest, name: str) -> HttpResponse:
-    deployment = _get(name)
+    deployment = _get(request, name, Role.OPERATOR)
     try:
         lifecycle.start(deployment)
     except lifecycle.Refused as exc:
-        context = {**_page(deployment), "report": exc.report, "refused": str(exc)}
+        context = {**_page(request, deployment), "report": exc.report, "refused": str(exc)}
         return render(request, "deployments/detail.html", context, status=409)
     return redirect("deployment-detail", name=name)
 
@@ -84,22 +100,25 @@ def deployment_start(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 @require_POST
 def deployment_stop(request: HttpRequest, name: str) -> HttpResponse:
-    lifecycle.stop(get_object_or_404(Deployment, name=name))
+    lifecycle.stop(_get(request, name, Role.OPERATOR))
     return redirect("deployment-detail", name=name)
 
 
 @login_required
 def plan_new(request: HttpRequest) -> HttpResponse:
+    if not _admin_teams(request):
+        raise PermissionDenied("creating a deployment needs the admin role in a team")
     return _plan_page(request, None)
 
 
 @login_required
 def plan_edit(request: HttpRequest, name: str) -> HttpResponse:
-    return _plan_page(request, _get(name))
+    return _plan_page(request, _get(request, name, Role.ADMIN))
 
 
 def _plan_page(request: HttpRequest, deployment: Deployment | None) -> HttpResponse:
-    editor = PlanEditor(request.POST if request.method == "POST" else None, deployment)
+    teams = Team.objects.filter(pk__in=[t.pk for t in _admin_teams(request)])
+    editor = PlanEditor(request.POST if request.method == "POST" else None, deployment, teams)
     context: dict[str, object] = {"editor": editor, "deployment": deployment}
     if request.method != "POST":
         context["report"] = lifecycle.check(deployment) if deployment else None
@@ -121,8 +140,11 @@ def _plan_page(request: HttpRequest, deployment: Deployment | None) -> HttpRespo
 @require_POST
 def plan_check(request: HttpRequest, name: str | None = None) -> HttpResponse:
     """The check table of the form's current content, unsaved: the form's live panel."""
-    deployment = _get(name) if name else None
-    editor = PlanEditor(request.POST, deployment)
+    deployment = _get(request, name, Role.ADMIN) if name else None
+    teams = _admin_teams(request)
+    if deployment is None and not teams:
+        raise PermissionDenied("creating a deployment needs the admin role in a team")
+    editor = PlanEditor(request.POST, deployment, Team.objects.filter(pk__in=[t.pk for t in teams]))
     report: Report | None = None
     if editor.is_valid():
         try:
@@ -140,7 +162,9 @@ def plan_propose(request: HttpRequest, name: str | None = None) -> JsonResponse:
 
     Reads the form's rows as they stand, so the proposal avoids values not saved yet.
     """
-    deployment = _get(name) if name else None
+    deployment = _get(request, name, Role.ADMIN) if name else None
+    if deployment is None and not _admin_teams(request):
+        raise PermissionDenied("creating a deployment needs the admin role in a team")
     node = Node.objects.filter(pk=request.POST.get("node") or 0).first() or local_node()
     ledger = Ledger.for_node(node, exclude=deployment)
     for key, value in request.POST.items():

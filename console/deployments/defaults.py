@@ -7,6 +7,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from console.accounts.roles import default_team
 from console.catalog.models import BaseModel
 from console.catalog.services import ensure_variant, is_stale, reinspect
 from console.deployments.models import Deployment, WorkerPlan
@@ -51,6 +52,7 @@ def ensure_default_deployment(model_dir: Path | None = None) -> tuple[Deployment
     node = local_node()
     deployment = Deployment.objects.create(
         name=DEFAULT_DEPLOYMENT,
+        team=default_team(),
         base_model=base,
         served_model_name=DEFAULT_SERVED_NAME,
         mode=Deployment.Mode.PD,

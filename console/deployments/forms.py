@@ -11,8 +11,10 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
+from django.db.models import QuerySet
 from django.http import QueryDict
 
+from console.accounts.models import Team
 from console.catalog.models import Variant
 from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
@@ -34,7 +36,7 @@ ROLES = ("prefill", "decode", "colocated")
 class PlanForm(forms.ModelForm):
     class Meta:
         model = Deployment
-        fields = ["name", "base_model", "served_model_name", "mode", "max_model_len",
+        fields = ["name", "team", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
                   "sampling_defaults", "router_port",
@@ -114,7 +116,9 @@ def _proposed_start() -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
 class PlanEditor:
     """The plan form with its pools and instance rows, validated and read as one."""
 
-    def __init__(self, data: QueryDict | None = None, deployment: Deployment | None = None) -> None:
+    def __init__(self, data: QueryDict | None = None, deployment: Deployment | None = None,
+                 teams: QuerySet[Team] | None = None) -> None:
+        """``teams``: those the plan may be put in (where the user is admin)."""
         self.deployment = deployment
         if deployment is not None:
             plan_initial, initial = {}, _stored_instances(deployment)
@@ -123,7 +127,15 @@ class PlanEditor:
         else:
             plan_initial, initial = {}, {}
         variants = {w.role: w.variant_id for w in deployment.workers.all()} if deployment else {}
+        if data is not None and teams is not None and len(teams) == 1 and not data.get("team"):
+            # One team to choose from: the form may leave it out.
+            data = data.copy()
+            data["team"] = str(teams[0].pk)
         self.plan = PlanForm(data, instance=deployment, initial=plan_initial)
+        if teams is not None:
+            self.plan.fields["team"].queryset = teams
+            if deployment is None and data is None and len(teams) == 1:
+                self.plan.initial["team"] = teams[0].pk
         self.pools = {role: PoolForm(data, prefix=role, initial={"variant": variants.get(role)})
                       for role in ROLES}
         self.instances = {role: InstanceFormSet(data, prefix=f"{role}-instances",

@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from console.accounts.roles import default_team_id
 from console.fleet.services import local_node_id
 from console.validators import validate_core_list, validate_port
 from inference.kv_channels import CHANNEL_NAMES
@@ -104,6 +105,9 @@ class Deployment(models.Model):
         WARN = "warn", "warn (traffic flows, the page warns)"
 
     name = models.SlugField(max_length=100, unique=True, validators=[validate_deployment_name])
+    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="deployments",
+                             default=default_team_id,
+                             help_text="the team that owns the deployment, its keys and rollouts")
     base_model = models.ForeignKey("catalog.BaseModel", on_delete=models.PROTECT,
                                    related_name="deployments")
     served_model_name = models.CharField(max_length=100)

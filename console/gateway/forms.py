@@ -4,6 +4,8 @@ from typing import Any
 
 from django import forms
 
+from console.accounts.models import Team
+from console.accounts.roles import visible
 from console.deployments.models import Deployment
 from console.gateway.models import LIMIT_FIELDS, ApiKey
 
@@ -15,8 +17,22 @@ class ApiKeyForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ["name", "all_deployments", "deployments", *LIMIT_FIELDS]
-        labels = {"all_deployments": "Valid for every deployment"}
+        fields = ["name", "team", "all_deployments", "deployments", *LIMIT_FIELDS]
+        labels = {"all_deployments": "Valid for every deployment of its team"}
+
+    def __init__(self, *args: Any, user: Any, teams: list[Team], **kwargs: Any) -> None:
+        """``teams``: those where ``user`` may make keys."""
+        if args and args[0] is not None and len(teams) == 1 and not args[0].get("team"):
+            # One team to choose from: the form may leave it out.
+            data = args[0].copy()
+            data["team"] = str(teams[0].pk)
+            args = (data, *args[1:])
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = Team.objects.filter(pk__in=[t.pk for t in teams])
+        if len(teams) == 1:
+            self.fields["team"].initial = teams[0].pk
+        self.fields["deployments"].queryset = visible(
+            Deployment.objects.order_by("name"), user)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

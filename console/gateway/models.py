@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from console.accounts.roles import default_team_id
 from inference.router.keys import KEY_PREFIX
 
 LIMIT_FIELDS = ("requests_per_minute", "prompt_tokens_per_minute", "generated_tokens_per_minute",
@@ -21,6 +22,9 @@ def _limit(help_text: str) -> models.PositiveIntegerField:
 
 class ApiKey(models.Model):
     name = models.CharField(max_length=100)
+    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="api_keys",
+                             default=default_team_id,
+                             help_text="the team whose deployments the key opens")
     # The public part of the key (``pds_<prefix>_...``): lists show it, the router finds the
     # key by it.
     prefix = models.CharField(max_length=8, unique=True, editable=False)

@@ -17,25 +17,40 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from console.accounts.models import Team
+from console.audit.entries import record, snapshot
 from console.deployments.models import Deployment
 from console.gateway.models import LIMIT_FIELDS, ApiKey
 from console.gateway.router_admin import console_key, push_keys
 from inference.router.keys import key_hash, new_key, public_prefix
 
+# What the audit log shows of a key: never its hash.
+KEY_FIELDS = ("name", "team", "all_deployments", "deployments", *LIMIT_FIELDS, "revoked_at")
 
-def create_key(*, name: str, deployments: Iterable[Deployment], all_deployments: bool,
+
+def scope_errors(team: Team, deployments: Iterable[Deployment]) -> dict[str, str]:
+    """A key opens only deployments of its own team."""
+    foreign = sorted(d.name for d in deployments if d.team_id != team.pk)
+    if foreign:
+        return {"deployments": f"not of team {team.name}: {', '.join(foreign)}"}
+    return {}
+
+
+def create_key(*, name: str, team: Team, deployments: Iterable[Deployment], all_deployments: bool,
                limits: dict[str, int | None], user: AbstractBaseUser | None) -> tuple[ApiKey, str]:
     """A new key and its secret, which is not stored and cannot be shown again."""
+    deployments = list(deployments)
     for _attempt in range(5):
         secret = new_key()
         try:
             with transaction.atomic():
                 key = ApiKey.objects.create(
-                    name=name, prefix=public_prefix(secret), key_hash=key_hash(secret),
+                    name=name, team=team, prefix=public_prefix(secret), key_hash=key_hash(secret),
                     all_deployments=all_deployments,
                     created_by=user if user is not None and user.is_authenticated else None,
                     **{field: limits.get(field) for field in LIMIT_FIELDS})
-                key.deployments.set(list(deployments))
+                key.deployments.set(deployments)
+                record("key.create", key, after=snapshot(key, KEY_FIELDS))
         except IntegrityError:
             continue  # a prefix already taken (1 in 4 billion per key): draw again
         keys_changed()
@@ -45,12 +60,14 @@ def create_key(*, name: str, deployments: Iterable[Deployment], all_deployments:
 
 @transaction.atomic
 def update_key(key: ApiKey, changes: dict[str, Any]) -> ApiKey:
+    before = snapshot(key, KEY_FIELDS)
     deployments = changes.pop("deployments", None)
     for name, value in changes.items():
         setattr(key, name, value)
     key.save()
     if deployments is not None:
         key.deployments.set(list(deployments))
+    record("key.edit", key, before=before, after=snapshot(key, KEY_FIELDS))
     keys_changed()
     return key
 
@@ -58,10 +75,12 @@ def update_key(key: ApiKey, changes: dict[str, Any]) -> ApiKey:
 @transaction.atomic
 def revoke_key(key: ApiKey) -> ApiKey:
     """Revoked from the next request on; revoking twice keeps the first time."""
+    before = snapshot(key, ("revoked_at",))
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
         keys_changed()
+    record("key.revoke", key, before=before, after=snapshot(key, ("revoked_at",)))
     return key
 
 
@@ -78,7 +97,9 @@ def _publish() -> None:
 
 
 def in_scope(key: ApiKey, deployment: Deployment) -> bool:
-    return key.all_deployments or any(d.pk == deployment.pk for d in key.deployments.all())
+    if key.all_deployments:
+        return key.team_id == deployment.team_id
+    return any(d.pk == deployment.pk for d in key.deployments.all())
 
 
 def key_set(deployment: Deployment) -> dict[str, Any]:

@@ -7,6 +7,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.accounts.models import Role
+from console.accounts.permissions import TeamRole
+from console.accounts.roles import team_to_create_in, visible
 from console.control import lifecycle
 from console.control.api.serializers import DeploymentSerializer
 from console.deployments.api.serializers import PlanSerializer
@@ -30,12 +33,16 @@ def _save(plan: PlanInput, deployment: Deployment | None = None) -> tuple[Deploy
 
 class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
                         viewsets.ReadOnlyModelViewSet):
-    """Plans: read, create and edit them; check, start and stop them. Deleting is not offered."""
+    """Plans: read, create and edit them (team admins); check, start and stop them (team
+    operators)."""
+
+    permission_classes = [TeamRole]
+    team_roles = {"check": Role.OPERATOR, "start": Role.OPERATOR, "stop": Role.OPERATOR}
 
     def get_queryset(self) -> QuerySet[Deployment]:
-        return Deployment.objects.select_related("base_model").prefetch_related(
+        return visible(Deployment.objects.select_related("base_model", "team").prefetch_related(
             "workers__variant", "workers__node", "processes"
-        )
+        ), self.request.user)
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
         if self.action in ("create", "update", "partial_update", "check"):
@@ -49,13 +56,23 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
     def create(self, request: Request, *args: object, **kwargs: object) -> Response:
         plan = self.get_serializer(data=request.data)
         plan.is_valid(raise_exception=True)
-        deployment, checks = _save(plan.to_plan_input())
+        data = plan.to_plan_input()
+        try:
+            data.fields["team"] = team_to_create_in(request.user, data.fields.get("team"),
+                                                    Role.ADMIN)
+        except ValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from exc
+        deployment, checks = _save(data)
         return Response(self._read(deployment, checks=checks), status=status.HTTP_201_CREATED)
 
     def update(self, request: Request, *args: object, **kwargs: object) -> Response:
         deployment = self.get_object()
         plan = self.get_serializer(deployment, data=request.data, partial=kwargs.get("partial", False))
         plan.is_valid(raise_exception=True)
+        moved_to = plan.validated_data.get("team")
+        if moved_to is not None and moved_to.pk != deployment.team_id:
+            # Moving a deployment takes admin in the team it goes to as well.
+            team_to_create_in(request.user, moved_to, Role.ADMIN)
         try:
             deployment, checks = _save(plan.to_plan_input(), deployment)
         except lifecycle.Refused as exc:

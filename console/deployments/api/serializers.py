@@ -5,6 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from console.accounts.models import Team
 from console.catalog.models import BaseModel, Variant
 from console.deployments.models import Deployment, WorkerPlan
 from console.deployments.plans import (
@@ -113,6 +114,9 @@ class PlanSerializer(serializers.ModelSerializer):
     """A plan as written: its fields, its pools and its router, in one request."""
 
     base_model = serializers.SlugRelatedField(slug_field="name", queryset=BaseModel.objects.all())
+    team = serializers.SlugRelatedField(
+        slug_field="name", queryset=Team.objects.all(), required=False,
+        help_text="the owning team; on create, default: the one team where you are admin")
     prefill = PoolSerializer(required=False)
     decode = PoolSerializer(required=False)
     colocated = PoolSerializer(required=False)
@@ -121,7 +125,7 @@ class PlanSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ["name", "base_model", "served_model_name", "mode", "max_model_len",
+        fields = ["name", "team", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
                   "sampling_defaults", "prefill",

@@ -4,6 +4,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from console.accounts.models import Team
+from console.accounts.roles import visible
 from console.deployments.models import Deployment
 from console.gateway.models import LIMIT_FIELDS, ApiKey
 
@@ -14,15 +16,32 @@ class ApiKeySerializer(serializers.ModelSerializer):
     deployments = serializers.SlugRelatedField(
         slug_field="name", many=True, required=False, queryset=Deployment.objects.all(),
         help_text="names of the deployments the key is valid for (or set all_deployments)")
+    team = serializers.SlugRelatedField(
+        slug_field="name", queryset=Team.objects.all(), required=False,
+        help_text="the team whose deployments the key opens; default: the one team where you "
+                  "are operator")
     prefix = serializers.CharField(source="display_prefix", read_only=True)
     state = serializers.CharField(read_only=True)
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
 
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "state", "all_deployments", "deployments",
+        fields = ["id", "name", "team", "prefix", "state", "all_deployments", "deployments",
                   *LIMIT_FIELDS, "created_at", "created_by", "last_used_at", "revoked_at"]
         read_only_fields = ["created_at", "last_used_at", "revoked_at"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        request = self.context.get("request")
+        if request is not None:
+            # Names of deployments the caller cannot see are unknown names, not refusals.
+            self.fields["deployments"].child_relation.queryset = visible(
+                Deployment.objects.all(), request.user)
+
+    def validate_team(self, team: Team) -> Team:
+        if self.instance is not None and team.pk != self.instance.team_id:
+            raise serializers.ValidationError("a key stays in its team; make a new key instead")
+        return team
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         instance: ApiKey | None = self.instance

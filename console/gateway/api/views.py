@@ -2,16 +2,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.accounts.models import Role
+from console.accounts.permissions import TeamRole
+from console.accounts.roles import team_to_create_in, visible
 from console.gateway.api.serializers import ApiKeySerializer, CreatedApiKeySerializer
 from console.gateway.models import LIMIT_FIELDS, ApiKey
-from console.gateway.services import create_key, revoke_key, update_key
+from console.gateway.services import create_key, revoke_key, scope_errors, update_key
 
 
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -20,17 +25,28 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
     refused (and named as revoked) by every router."""
 
     serializer_class = ApiKeySerializer
+    permission_classes = [TeamRole]
+    team_roles = {"create": Role.OPERATOR, "update": Role.OPERATOR,
+                  "partial_update": Role.OPERATOR, "revoke": Role.OPERATOR}
 
     def get_queryset(self) -> QuerySet[ApiKey]:
-        return ApiKey.objects.select_related("created_by").prefetch_related("deployments")
+        return visible(ApiKey.objects.select_related("created_by", "team").prefetch_related(
+            "deployments"), self.request.user)
 
     @extend_schema(responses={201: CreatedApiKeySerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        try:
+            team = team_to_create_in(request.user, data.get("team"), Role.OPERATOR)
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from exc
+        errors = scope_errors(team, data.get("deployments", []))
+        if errors:
+            raise ValidationError(errors)
         key, secret = create_key(
-            name=data["name"], deployments=data.get("deployments", []),
+            name=data["name"], team=team, deployments=data.get("deployments", []),
             all_deployments=data.get("all_deployments", False),
             limits={field: data.get(field) for field in LIMIT_FIELDS}, user=request.user)
         answer = CreatedApiKeySerializer(key, context={**self.get_serializer_context(),
@@ -38,6 +54,10 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         return Response(answer.data, status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer: ApiKeySerializer) -> None:  # type: ignore[override]
+        errors = scope_errors(serializer.instance.team,
+                              serializer.validated_data.get("deployments", []))
+        if errors:
+            raise ValidationError(errors)
         serializer.instance = update_key(serializer.instance, dict(serializer.validated_data))
 
     @extend_schema(request=None)

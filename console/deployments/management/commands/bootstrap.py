@@ -9,6 +9,10 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.accounts.models import Membership, Role
+from console.accounts.roles import default_team
+from console.audit.context import acting_as
+from console.audit.entries import record
 from console.deployments.defaults import ensure_default_deployment
 from console.env import env_secret, env_str
 
@@ -24,8 +28,11 @@ class Command(BaseCommand):
         model_dir: Path | None = options["model_dir"]
         if model_dir is not None and not (model_dir / "config.json").is_file():
             raise CommandError(f"--model-dir: no config.json in {model_dir}")
-        self._ensure_admin()
-        deployment, created = ensure_default_deployment(model_dir)
+        with acting_as("command", "bootstrap"):
+            self._ensure_admin()
+            deployment, created = ensure_default_deployment(model_dir)
+            if created:
+                record("deployment.create", deployment)
         verb = "created" if created else "kept"
         self.stdout.write(f"bootstrap: {verb} deployment {deployment.name}")
 
@@ -37,7 +44,11 @@ class Command(BaseCommand):
         if user is None:
             generated = not password
             password = password or secrets.token_urlsafe(12)
-            user_model.objects.create_superuser(username=username, email="", password=password)
+            user = user_model.objects.create_superuser(username=username, email="",
+                                                       password=password)
+            # A superuser holds every role anyway; the membership shows whose team it is.
+            Membership.objects.create(team=default_team(), user=user, role=Role.ADMIN)
+            record("user.create", user, after={"username": username, "is_superuser": True})
             if generated:
                 # Printed once; it is stored only as a hash.
                 self.stdout.write(f"bootstrap: created admin user '{username}' with password: "
@@ -47,4 +58,5 @@ class Command(BaseCommand):
         elif password and not user.check_password(password):
             user.set_password(password)
             user.save(update_fields=["password"])
+            record("user.edit", user, before={"password": "old"}, after={"password": "new"})
             self.stdout.write(f"bootstrap: updated the password of '{username}'")
