@@ -7,11 +7,14 @@ import uuid
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from django.db import transaction
+from django.db.models import ProtectedError
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
+from console.audit.entries import record, snapshot
 from console.catalog.hashing import hash_variant_weights
 from console.catalog.inspection import InspectionError, ModelInspection, inspect_model_dir
 from console.catalog.models import BaseModel, Variant
@@ -19,6 +22,11 @@ from console.catalog.models import BaseModel, Variant
 log = logging.getLogger("pdserve.catalog")
 
 State = Variant.HashState
+# What the audit log shows of a variant: where it is and what it is, not every fact inspection
+# read (those are on the variant, and change with every re-inspection).
+VARIANT_FIELDS = ("base", "name", "path", "format", "dtype", "quantization", "architecture",
+                  "inspection_error")
+MODEL_FIELDS = ("name", "description")
 
 
 class RegistrationError(ValueError):
@@ -40,7 +48,72 @@ def register_variant(base: BaseModel, name: str, path: str) -> Variant:
     _apply(variant, inspection)
     variant.save()
     queue_hashing(variant)
+    record("variant.create", variant, after=snapshot(variant, VARIANT_FIELDS))
     return variant
+
+
+@transaction.atomic
+def create_base_model(name: str, description: str = "") -> BaseModel:
+    model = BaseModel(name=name, description=description)
+    model.full_clean()
+    model.save()
+    record("model.create", model, after=snapshot(model, MODEL_FIELDS))
+    return model
+
+
+@transaction.atomic
+def edit_base_model(model: BaseModel, changes: dict[str, Any]) -> BaseModel:
+    before = snapshot(model, MODEL_FIELDS)
+    for field, value in changes.items():
+        setattr(model, field, value)
+    model.full_clean()
+    model.save()
+    record("model.edit", model, before=before, after=snapshot(model, MODEL_FIELDS))
+    return model
+
+
+@transaction.atomic
+def delete_base_model(model: BaseModel) -> None:
+    """ProtectedError while a variant or a deployment refers to it."""
+    before, pk, name = snapshot(model, MODEL_FIELDS), model.pk, str(model)
+    model.delete()
+    record("model.delete", object_type=BaseModel._meta.label_lower, object_id=pk,
+           object_repr=name, before=before)
+
+
+@transaction.atomic
+def rename_variant(variant: Variant, name: str) -> Variant:
+    before = snapshot(variant, VARIANT_FIELDS)
+    variant.name = name
+    # Only the name changed: a directory gone since does not stop a rename.
+    variant.clean_fields(exclude=[f.name for f in Variant._meta.fields if f.name != "name"])
+    variant.validate_constraints()
+    variant.save(update_fields=["name"])
+    record("variant.edit", variant, before=before, after=snapshot(variant, VARIANT_FIELDS))
+    return variant
+
+
+@transaction.atomic
+def delete_variant(variant: Variant) -> None:
+    """Forget the variant (its directory stays on disk); ProtectedError while a plan uses it."""
+    before, pk, name = snapshot(variant, VARIANT_FIELDS), variant.pk, str(variant)
+    variant.delete()
+    record("variant.delete", object_type=Variant._meta.label_lower, object_id=pk,
+           object_repr=name, before=before)
+
+
+@transaction.atomic
+def reinspect_variant(variant: Variant) -> Variant:
+    """``reinspect`` asked for by someone (a button, the API): recorded in the audit log."""
+    before = snapshot(variant, VARIANT_FIELDS)
+    reinspect(variant)
+    record("variant.reinspect", variant, before=before, after=snapshot(variant, VARIANT_FIELDS))
+    return variant
+
+
+def protected_by(exc: ProtectedError) -> str:
+    """What a refused delete is still used by, in words."""
+    return ", ".join(sorted({f"{o._meta.verbose_name} {o}" for o in exc.protected_objects}))
 
 
 @transaction.atomic

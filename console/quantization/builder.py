@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from console.audit.context import acting_as
 from console.catalog.models import QuantizationJob, Variant
 from console.catalog.services import RegistrationError, register_variant
 from console.celery import app
@@ -188,7 +189,8 @@ class _Watch:
             _finish(self.job, State.FAILED, error=error, log=log)
             return
         try:
-            with transaction.atomic():
+            # The built variant joins the catalog as the job's doing, not the Celery worker's.
+            with acting_as("system", "quantization"), transaction.atomic():
                 variant = register_variant(self.job.base, self.job.name, self.job.path)
                 _finish(self.job, State.SUCCEEDED, log=log, variant=variant, percent=100.0,
                         build_seconds=self.outcome.get("seconds"))

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
+from console.audit.entries import record, snapshot
 from console.catalog.models import BaseModel, QuantizationJob, Variant
 from console.quantization.builder import quantize_variant, reap_orphans
 from inference.quantization.calibration import DEFAULT_FILE
@@ -25,6 +26,9 @@ from inference.quantization.options import (
 log = logging.getLogger("pdserve.catalog")
 
 State = QuantizationJob.State
+# What the audit log shows of a job: what was asked for, and whether it was cancelled.
+JOB_FIELDS = ("base", "source", "name", "path", "scheme", "method", "group_size",
+              "smoothing_strength", "samples", "state", "cancel_requested")
 # The builder's flags, as the API's fields.
 FIELDS = {"--model": "source", "--scheme": "scheme", "--method": "method",
           "--group-size": "group_size", "--smoothing-strength": "smoothing_strength",
@@ -67,6 +71,7 @@ def start_job(base: BaseModel, *, scheme: str, method: str | None = None,
             base=base, source=source, name=name, path=str(path), scheme=options.scheme,
             method=options.method, group_size=options.group_size,
             smoothing_strength=options.smoothing_strength, samples=options.samples)
+        record("job.start", job, after=snapshot(job, JOB_FIELDS))
         transaction.on_commit(partial(_send, job.pk))
     return job
 
@@ -100,12 +105,17 @@ def _send(job_id: int) -> None:
 def cancel_job(job: QuantizationJob) -> QuantizationJob:
     """A queued job is cancelled at once; a running one when its worker next looks (~0.5 s)."""
     reap_orphans()
-    now = timezone.now()
-    if QuantizationJob.objects.filter(pk=job.pk, state=State.QUEUED).update(
-            state=State.CANCELLED, finished_at=now, stage="cancelled"):
-        pass
-    elif not QuantizationJob.objects.filter(pk=job.pk, state=State.RUNNING).update(cancel_requested=True):
+    with transaction.atomic():
         job.refresh_from_db()
-        raise JobError("state", f"the job has already {job.state}", conflict=True)
-    job.refresh_from_db()
+        before = snapshot(job, ("state", "cancel_requested"))
+        if QuantizationJob.objects.filter(pk=job.pk, state=State.QUEUED).update(
+                state=State.CANCELLED, finished_at=timezone.now(), stage="cancelled"):
+            pass
+        elif not QuantizationJob.objects.filter(pk=job.pk, state=State.RUNNING).update(
+                cancel_requested=True):
+            job.refresh_from_db()
+            raise JobError("state", f"the job has already {job.state}", conflict=True)
+        job.refresh_from_db()
+        record("job.cancel", job, before=before,
+               after=snapshot(job, ("state", "cancel_requested")))
     return job

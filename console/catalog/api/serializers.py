@@ -49,3 +49,11 @@ class RegisterVariantSerializer(serializers.ModelSerializer):
     class Meta:
         model = Variant
         fields = ["base_model", "name", "path"]
+
+
+class RenameVariantSerializer(serializers.ModelSerializer):
+    """A variant's name is all that changes by hand; what it is comes from its directory."""
+
+    class Meta:
+        model = Variant
+        fields = ["name"]

@@ -6,13 +6,17 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.accounts.permissions import SuperuserChanges
 from console.catalog.models import QuantizationJob
 from console.quantization.api.serializers import QuantizationJobSerializer, StartQuantizationSerializer
 from console.quantization.jobs import JobError, cancel_job, start_job
 
 
 class QuantizationJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Quantization jobs: start one (202), follow it, cancel it."""
+    """Quantization jobs: start one (202), follow it, cancel it. A build adds a variant to the
+    catalog every team shares, so starting and cancelling are a superuser's."""
+
+    permission_classes = [SuperuserChanges]
 
     def get_queryset(self) -> QuerySet[QuantizationJob]:
         # Read only: the supervise daemon fails jobs orphaned by a killed worker.

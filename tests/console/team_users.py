@@ -1,0 +1,51 @@
+"""Members of the default team in each role, and a stranger who operates another team: the
+owner / teammate / outsider users of the permission tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib.auth.models import User
+from rest_framework.test import APIClient
+
+from console.accounts.models import Membership, Role, Team
+from console.accounts.roles import default_team
+from console.audit.models import AuditEntry
+
+
+@dataclass(frozen=True)
+class Crew:
+    team: Team
+    viewer: User
+    operator: User
+    admin: User
+    stranger: User  # operator of another team: sees nothing of this one
+
+
+def member(name: str, team: Team, role: Role) -> User:
+    user = User.objects.create_user(username=name, password=f"{name}-pass-123")
+    Membership.objects.create(team=team, user=user, role=role)
+    return user
+
+
+def make_crew() -> Crew:
+    """Each test file's ``crew`` fixture (a fixture imported into a module reads as unused)."""
+    team = default_team()
+    other = Team.objects.create(name="elsewhere")
+    return Crew(team=team, viewer=member("vera", team, Role.VIEWER),
+                operator=member("otto", team, Role.OPERATOR),
+                admin=member("ada", team, Role.ADMIN),
+                stranger=member("stan", other, Role.OPERATOR))
+
+
+def api_as(user: User | None) -> APIClient:
+    """An API client signed in as ``user`` (anonymous for None)."""
+    client = APIClient()
+    if user is not None:
+        client.force_authenticate(user)
+    return client
+
+
+def actions() -> list[tuple[str, str]]:
+    """(action, username) of every audit entry so far, oldest first."""
+    return [(e.action, e.username) for e in AuditEntry.objects.order_by("pk")]
