@@ -9,6 +9,9 @@ node's supervisor and go after ``supervisor``.
 from __future__ import annotations
 
 APP_ORDER: tuple[str, ...] = (
+    "audit",        # the append-only log of every change: who, when, what, before and after
+    "accounts",     # teams, members and their roles
+    "credentials",  # API tokens (expiring, revocable) and login rate limits
     "fleet",        # nodes and their devices
     "catalog",      # base models, variants and their quantization jobs
     "deployments",  # plans: a deployment's workers, ports and devices

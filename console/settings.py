@@ -2,13 +2,17 @@
 
 Embedded default: SQLite, an in-memory channel layer, and a Celery broker that needs no server.
 DATABASE_URL switches to PostgreSQL; REDIS_URL switches to channels-redis and Celery on Redis.
+PDSERVE_ENV=production makes the console one reached over HTTPS through a TLS proxy: a secret key
+and host names from the environment, secure cookies, HSTS (README: behind a TLS proxy).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
 from console.env import env_bool, env_int, env_list, env_path, env_secret, env_str
@@ -16,8 +20,22 @@ from console.env import env_bool, env_int, env_list, env_path, env_secret, env_s
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = env_path("PDSERVE_DATA_DIR", BASE_DIR / "data")
 
+PDSERVE_ENV = env_str("PDSERVE_ENV", "development")
+if PDSERVE_ENV not in ("development", "production"):
+    raise ImproperlyConfigured(f"PDSERVE_ENV: expected development or production, got {PDSERVE_ENV!r}")
+PRODUCTION = PDSERVE_ENV == "production"
+
 DEBUG = env_bool("PDSERVE_DEBUG", False)
-ALLOWED_HOSTS = env_list("PDSERVE_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+if PRODUCTION:
+    # No default: a production console answers only to the names it is published under.
+    ALLOWED_HOSTS = env_list("PDSERVE_ALLOWED_HOSTS", [])
+    if not ALLOWED_HOSTS:
+        raise ImproperlyConfigured("PDSERVE_ALLOWED_HOSTS: required with PDSERVE_ENV=production "
+                                   "(the console's host names, comma-separated)")
+else:
+    ALLOWED_HOSTS = env_list("PDSERVE_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+# Origins other than the console's own that may POST forms (scheme and host, e.g.
+# https://console.example.com): needed when the proxy publishes it under another name or port.
 CSRF_TRUSTED_ORIGINS = env_list("PDSERVE_CSRF_TRUSTED_ORIGINS", [])
 
 
@@ -25,6 +43,10 @@ def _secret_key() -> str:
     explicit = env_secret("PDSERVE_SECRET_KEY")
     if explicit:
         return explicit
+    if PRODUCTION:
+        # A key generated into the data directory would differ between hosts and be lost with it.
+        raise ImproperlyConfigured("PDSERVE_SECRET_KEY: required with PDSERVE_ENV=production "
+                                   "(or PDSERVE_SECRET_KEY_FILE naming a file that holds it)")
     # Generated once per data directory, so sessions survive restarts without configuration.
     key_file = DATA_DIR / "secret_key"
     if key_file.is_file():
@@ -46,9 +68,12 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "axes",
     "drf_spectacular",
     "channels",
+    "console.audit",
+    "console.accounts",
+    "console.credentials",
     "console.catalog",
     "console.fleet",
     "console.deployments",
@@ -67,8 +92,11 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "console.audit.context.AuditMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as axes asks: it turns a login refused for too many failures into a 429.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -133,6 +161,24 @@ else:
     }
     CELERY_RESULT_BACKEND = f"file://{_broker_dir / 'results'}"
 
+# Axes first: a locked-out user or address is refused before its password is checked.
+AUTHENTICATION_BACKENDS = [
+    "console.credentials.login_limits.LoginRateLimitBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login rate limiting (django-axes, in the database so that every console process counts the
+# same failures): this many failures for one username, or from one address, lock both out.
+AXES_FAILURE_LIMIT = env_int("PDSERVE_LOGIN_FAILURE_LIMIT", 5, 1, 1000)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("PDSERVE_LOGIN_LOCKOUT_MINUTES", 15, 1, 7 * 24 * 60))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# A refused attempt during a lockout does not prolong it: it ends a cool-off after the last
+# counted failure, as the answer says.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "console.credentials.login_limits.lockout_response"
+# The console's REST API tokens: lifetime in days, by default and at most.
+PDSERVE_API_TOKEN_MAX_DAYS = env_int("PDSERVE_API_TOKEN_MAX_DAYS", 365, 1, 3650)
+PDSERVE_API_TOKEN_DAYS = env_int("PDSERVE_API_TOKEN_DAYS", 30, 1, PDSERVE_API_TOKEN_MAX_DAYS)
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -151,7 +197,7 @@ STATIC_ROOT = DATA_DIR / "static"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "console.credentials.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -174,6 +220,8 @@ SPECTACULAR_SETTINGS = {
         "GateModeEnum": "console.deployments.models.Deployment.GateMode",
         "GateActionEnum": "console.deployments.models.Deployment.GateAction",
         "ProcessStateEnum": "console.supervisor.models.ManagedProcess.State",
+        "ApiTokenStateEnum": "console.credentials.models.ApiToken.State",
+        "TeamRoleEnum": "console.accounts.models.Role",
     },
 }
 
@@ -194,6 +242,22 @@ PDSERVE_KV_DIR = env_path(
 )
 PDSERVE_LOG_RETENTION_LINES = env_int("PDSERVE_LOG_RETENTION_LINES", 50_000, 100, 10_000_000)
 PDSERVE_SUPERVISOR_TICK_S = float(env_int("PDSERVE_SUPERVISOR_TICK_MS", 500, 50, 10_000)) / 1000
+
+# Production is reached over HTTPS through a TLS proxy (PDSERVE_TLS=0: over plain HTTP, and
+# `check --deploy` says what that costs). The proxy passes X-Forwarded-Proto: uvicorn takes it
+# from a proxy on 127.0.0.1 (FORWARDED_ALLOW_IPS for others), and with PDSERVE_BEHIND_PROXY
+# Django reads it itself.
+if env_bool("PDSERVE_BEHIND_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+if PRODUCTION and env_bool("PDSERVE_TLS", True):
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = env_bool("PDSERVE_SSL_REDIRECT", True)
+    # Browsers remember HTTPS-only for this long: start small when trying a new host name.
+    SECURE_HSTS_SECONDS = env_int("PDSERVE_HSTS_SECONDS", 31_536_000, 0, 2 * 31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("PDSERVE_HSTS_INCLUDE_SUBDOMAINS", True)
+    # Only the header's directive: a host is preloaded once its owner submits it to the browsers.
+    SECURE_HSTS_PRELOAD = env_bool("PDSERVE_HSTS_PRELOAD", True)
 
 LOGGING = {
     "version": 1,

@@ -2,7 +2,6 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
-from rest_framework.authtoken.views import obtain_auth_token
 
 from console.api_router import api_path
 
@@ -10,8 +9,8 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
-    api_path("api/v1/auth/token", obtain_auth_token, name="api-token"),
     api_path("api/schema", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/v1/", include("console.credentials.api.urls")),
     path("api/v1/", include("console.control.api.urls")),
     path("api/v1/", include("console.catalog.api.urls")),
     path("api/v1/", include("console.quantization.api.urls")),
@@ -21,6 +20,7 @@ urlpatterns = [
     path("api/v1/", include("console.gateway.api.urls")),
     path("api/v1/", include("console.quality.api.urls")),
     path("api/v1/", include("console.playground.api.urls")),
+    path("", include("console.credentials.urls")),
     path("", include("console.live.urls")),
     path("", include("console.playground.urls")),
     path("", include("console.catalog.urls")),

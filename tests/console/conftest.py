@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 
 from console.deployments.defaults import ensure_default_deployment
 from console.deployments.models import Deployment
 from tests.console.passwords import OUTSIDER_PASSWORD, OWNER_PASSWORD
+from tests.console.tokens import token_for
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +34,7 @@ def outsider(db: None) -> User:
     a password and even a token left over, and none of them may open anything.
     """
     user = User.objects.create_user(username="outsider", password=OUTSIDER_PASSWORD)
-    Token.objects.create(user=user)
+    token_for(user, "left over")
     user.is_active = False
     user.save(update_fields=["is_active"])
     return user

@@ -19,7 +19,6 @@ import httpx
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from console.control.worker_specs import process_specs
@@ -33,6 +32,7 @@ from inference.router.keys import key_hash, public_prefix
 from tests.console.passwords import OWNER_PASSWORD
 from tests.console.sockets import listening, wait_for
 from tests.console.tiny_models import make_startable
+from tests.console.tokens import token_for
 
 URL = "/api/v1/keys/"
 OnCommit = Callable[..., Any]
@@ -122,7 +122,7 @@ def test_the_api_needs_a_login(outsider: User, deployment: Deployment) -> None:
     assert client.get(URL).status_code in (401, 403)
     assert client.post(URL, {"name": "x", "all_deployments": True}, format="json").status_code in (401, 403)
     # A deactivated account's leftover token opens nothing.
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get(user=outsider).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_for(outsider)}")
     assert client.get(URL).status_code in (401, 403)
     assert not ApiKey.objects.exists()
 

@@ -12,6 +12,7 @@ from django.utils import timezone
 from console.deployments.models import Deployment
 from console.live.api.views import MAX_POINTS
 from console.live.models import MetricSample
+from tests.console.tokens import token_for
 
 
 @pytest.fixture
@@ -94,9 +95,6 @@ def test_history_needs_a_login_and_an_existing_deployment(api: Client, outsider:
 
 
 def test_token_clients_can_read_history(owner: User, deployment: Deployment) -> None:
-    from rest_framework.authtoken.models import Token
-
-    token = Token.objects.create(user=owner)
-    response = Client().get(url(deployment, "24h"), HTTP_AUTHORIZATION=f"Token {token.key}")
+    response = Client().get(url(deployment, "24h"), HTTP_AUTHORIZATION=f"Token {token_for(owner)}")
     assert response.status_code == 200
     assert response.json()["step_s"] == 120
