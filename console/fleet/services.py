@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from console.audit.entries import record, snapshot
 from console.fleet.discovery import NodeFacts, local_facts
 from console.fleet.models import Gpu, Node
 
@@ -57,6 +59,23 @@ def refresh_local_node(max_age: timedelta = LOCAL_FACTS_MAX_AGE) -> Node:
     return record_local_node(local_facts())
 
 
+def discover_local_node() -> Node:
+    """Rediscover the local node now, as someone asked (the Discover button, the API)."""
+    node = Node.objects.local()
+    before = node_record(node) if node is not None else {}
+    node = refresh_local_node(max_age=timedelta(0))
+    record("node.discover", node, before=before, after=node_record(node))
+    return node
+
+
+def node_record(node: Node) -> dict[str, Any]:
+    """A node as the audit log shows it: its fields and one line per GPU."""
+    fields = snapshot(node, exclude=("id", "discovered_at", "updated"))
+    fields["gpus"] = [f"{g.index}: {g.name} {g.uuid} {g.memory_bytes}"
+                      for g in node.gpus.order_by("index")]
+    return fields
+
+
 def local_node_id() -> int:
     """Default node of a new worker plan: workers run on the local node unless placed elsewhere."""
     node = Node.objects.local()
@@ -66,6 +85,7 @@ def local_node_id() -> int:
 @transaction.atomic
 def save_manual_node(node: Node | None, data: dict[str, object]) -> Node:
     """Create or update a node added by hand; its GPU list is replaced as a whole."""
+    before = node_record(node) if node is not None else {}
     node = node or Node()
     gpus = data.pop("gpus", None)
     for name, value in data.items():
@@ -77,4 +97,14 @@ def save_manual_node(node: Node | None, data: dict[str, object]) -> Node:
         for gpu in gpus:  # type: ignore[attr-defined]
             Gpu(node=node, **gpu).full_clean(exclude=["node"])
         Gpu.objects.bulk_create(Gpu(node=node, **gpu) for gpu in gpus)  # type: ignore[attr-defined]
+    record("node.edit" if before else "node.create", node, before=before, after=node_record(node))
     return node
+
+
+@transaction.atomic
+def delete_manual_node(node: Node) -> None:
+    """ProtectedError while a plan places workers on it."""
+    before, pk, name = node_record(node), node.pk, str(node)
+    node.delete()
+    record("node.delete", object_type=Node._meta.label_lower, object_id=pk, object_repr=name,
+           before=before)

@@ -1,35 +1,43 @@
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.db.models import ProtectedError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from console.accounts.roles import is_superuser
 from console.fleet.forms import NodeForm
 from console.fleet.models import Node
-from console.fleet.services import refresh_local_node, save_manual_node
+from console.fleet.services import delete_manual_node, discover_local_node, save_manual_node
 
 
-def _context(form: NodeForm | None = None, error: str = "") -> dict[str, object]:
+def _require_superuser(request: HttpRequest) -> None:
+    # Nodes are every team's: a superuser's to change.
+    if not is_superuser(request.user):
+        raise PermissionDenied("only a superuser may change nodes")
+
+
+def _context(request: HttpRequest, form: NodeForm | None = None,
+             error: str = "") -> dict[str, object]:
     # Read only: the supervise daemon rediscovers the local node; "Discover" does it now.
     return {"nodes": Node.objects.prefetch_related("gpus"), "form": form or NodeForm(),
-            "error": error}
+            "error": error, "can_change": is_superuser(request.user)}
 
 
 @login_required
 def fleet(request: HttpRequest) -> HttpResponse:
-    return render(request, "fleet/nodes.html", _context())
+    return render(request, "fleet/nodes.html", _context(request))
 
 
 @login_required
 @require_POST
 def node_new(request: HttpRequest) -> HttpResponse:
+    _require_superuser(request)
     form = NodeForm(request.POST)
     if not form.is_valid():
-        return render(request, "fleet/nodes.html", _context(form), status=400)
+        return render(request, "fleet/nodes.html", _context(request, form), status=400)
     save_manual_node(None, form.node_fields())
     return redirect("fleet")
 
@@ -37,12 +45,13 @@ def node_new(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def node_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    _require_superuser(request)
     node = get_object_or_404(Node, pk=pk, is_local=False)
     try:
-        node.delete()
+        delete_manual_node(node)
     except ProtectedError:
         return render(request, "fleet/nodes.html", _context(
-            error=f"node {node.name} has planned workers; move them to another node first"),
+            request, error=f"node {node.name} has planned workers; move them to another node first"),
             status=409)
     return redirect("fleet")
 
@@ -50,5 +59,6 @@ def node_delete(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def discover(request: HttpRequest) -> HttpResponse:
-    refresh_local_node(max_age=timedelta(0))
+    _require_superuser(request)
+    discover_local_node()
     return redirect("fleet")

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.db.models import ProtectedError, QuerySet
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -9,14 +7,19 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.accounts.permissions import SuperuserChanges
 from console.fleet.api.serializers import NodeSerializer
 from console.fleet.models import Node
-from console.fleet.services import refresh_local_node, save_manual_node
+from console.fleet.services import delete_manual_node, discover_local_node, save_manual_node
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                   mixins.UpdateModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    """Nodes: everyone signed in reads them, a superuser adds, edits, removes and rediscovers
+    them (they are every team's)."""
+
     serializer_class = NodeSerializer
+    permission_classes = [SuperuserChanges]
 
     def get_queryset(self) -> QuerySet[Node]:
         return Node.objects.prefetch_related("gpus")
@@ -30,7 +33,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
     def destroy(self, request: Request, *args: object, **kwargs: object) -> Response:
         node = self._manual()
         try:
-            node.delete()
+            delete_manual_node(node)
         except ProtectedError as exc:
             users = sorted({str(w.deployment) for w in exc.protected_objects})
             return Response({"detail": f"node {node.name} is used by deployment(s) "
@@ -41,7 +44,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
     @action(detail=False, methods=["post"])
     def discover(self, request: Request) -> Response:
         """Rediscover the local node now."""
-        node = refresh_local_node(max_age=timedelta(0))
+        node = discover_local_node()
         return Response(self.get_serializer(node).data)
 
     def _manual(self) -> Node:
