@@ -4,7 +4,9 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import viewsets
 
+from console.accounts.permissions import TeamRole
 from console.query_params import MAX_ID, bounded_int
+from console.supervisor.access import team_of, visible_processes
 from console.supervisor.api.serializers import ProcessRowSerializer
 from console.supervisor.models import ManagedProcess
 
@@ -17,9 +19,14 @@ class ProcessViewSet(viewsets.ReadOnlyModelViewSet):
     (a deployment's start and stop, and the requesters of the other kinds, change it)."""
 
     serializer_class = ProcessRowSerializer
+    permission_classes = [TeamRole]
+
+    def team_id_of(self, process: ManagedProcess) -> int | None:
+        return team_of(process)
 
     def get_queryset(self) -> QuerySet[ManagedProcess]:
-        rows = ManagedProcess.objects.all()
+        rows = visible_processes(ManagedProcess.objects.select_related("deployment"),
+                                 self.request.user)
         deployment = self.request.query_params.get("deployment")
         if deployment is None or self.action != "list":
             return rows
