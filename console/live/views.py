@@ -10,29 +10,38 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from console.accounts.roles import visible
 from console.deployments.models import Deployment
 from console.live import metrics_export
 from console.live.api.views import WINDOWS
 from console.live.timeline import find_request
+from console.supervisor.access import visible_processes
 from console.supervisor.models import ManagedProcess
+
+
+def _deployment(request: HttpRequest, name: str) -> Deployment:
+    """The deployment if the user's team owns it; 404 to anyone else, who must not learn that
+    it exists."""
+    return get_object_or_404(visible(Deployment.objects.all(), request.user), name=name)
 
 
 @login_required
 def deployment_dashboard(request: HttpRequest, name: str) -> HttpResponse:
     """Live charts of one deployment: history over REST, then a point a second over a websocket."""
-    deployment = get_object_or_404(Deployment, name=name)
+    deployment = _deployment(request, name)
     return render(request, "live/dashboard.html", {"deployment": deployment, "windows": list(WINDOWS)})
 
 
 @login_required
 def process_log(request: HttpRequest, process_id: int) -> HttpResponse:
-    process = get_object_or_404(ManagedProcess.objects.select_related("deployment"), pk=process_id)
+    process = get_object_or_404(visible_processes(
+        ManagedProcess.objects.select_related("deployment"), request.user), pk=process_id)
     return render(request, "logs/process.html", {"process": process})
 
 
 @login_required
 def request_timeline(request: HttpRequest, name: str) -> HttpResponse:
-    deployment = get_object_or_404(Deployment, name=name)
+    deployment = _deployment(request, name)
     request_id = request.GET.get("id", "").strip()
     view = find_request(deployment.pk, request_id) if request_id else None
     # partial: what the page re-fetches while the request's timeline is not written yet

@@ -237,7 +237,8 @@ def test_a_requested_process_has_its_log_page_download_and_status_line(
                            [sys.executable, "-c", "print('reference loading', flush=True)"], {},
                            tmp_path / "g.log", free_port())
     tick_until(supervisor, row, State.FAILED)  # it exited without serving
-    user = django_user_model.objects.create_user("op", password="pw")
+    # A process of no deployment is a superuser's (tests/console/test_permissions_live.py).
+    user = django_user_model.objects.create_superuser("op", password="pw")
     client.force_login(user)
     page = client.get(f"/processes/{row.pk}/log/")
     assert page.status_code == 200 and b"gate-reference / gate-11-reference" in page.content

@@ -13,16 +13,19 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.decorators import api_view
+from rest_framework.decorators import api_view, permission_classes
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from console.accounts.permissions import TeamRole
+from console.accounts.roles import visible
 from console.api_router import ID_PARAMETER
 from console.deployments.models import Deployment
 from console.live.api.serializers import LogPageSerializer, MetricHistorySerializer
 from console.live.downsample import SECOND_RETENTION, floor_minute, merge, minute_buckets
 from console.live.models import LogLine, MetricSample
+from console.supervisor.access import visible_processes
 from console.supervisor.models import ManagedProcess
 
 # Log lines in one answer at most.
@@ -60,9 +63,10 @@ def _int_param(request: Request, name: str, default: int, minimum: int, maximum:
     responses={200: LogPageSerializer, 400: OpenApiResponse(description="a parameter, named")},
 )
 @api_view(["GET"])
+@permission_classes([TeamRole])
 def process_logs(request: Request, pk: int) -> Response:
     """Lines after a sequence number (the browser's backfill), optionally matching ``q``."""
-    process = get_object_or_404(ManagedProcess, pk=pk)
+    process = get_object_or_404(visible_processes(ManagedProcess.objects, request.user), pk=pk)
     after = _int_param(request, "after", 0, 0, 2**62)
     limit = _int_param(request, "limit", 500, 1, MAX_PAGE)
     tail = _int_param(request, "tail", 0, 0, MAX_PAGE)
@@ -89,8 +93,10 @@ def process_logs(request: Request, pk: int) -> Response:
 @extend_schema(parameters=[ID_PARAMETER], responses={(200, "text/plain"): OpenApiResponse(
     OpenApiTypes.STR, description="every stored line of the process, each after its time")})
 @api_view(["GET"])
+@permission_classes([TeamRole])
 def process_logs_download(request: Request, pk: int) -> StreamingHttpResponse:
-    process = get_object_or_404(ManagedProcess.objects.select_related("deployment"), pk=pk)
+    process = get_object_or_404(visible_processes(
+        ManagedProcess.objects.select_related("deployment"), request.user), pk=pk)
 
     def rows() -> Iterator[str]:
         for line in LogLine.objects.filter(process=process).order_by("seq").iterator(2000):
@@ -107,9 +113,10 @@ def process_logs_download(request: Request, pk: int) -> StreamingHttpResponse:
     responses={200: MetricHistorySerializer, 400: OpenApiResponse(description="the window, named")},
 )
 @api_view(["GET"])
+@permission_classes([TeamRole])
 def deployment_metrics(request: Request, pk: int) -> Response:
     """Samples of the last ``window``: 1 s apart up to 15 minutes, at least 1 min beyond."""
-    deployment = get_object_or_404(Deployment, pk=pk)
+    deployment = get_object_or_404(visible(Deployment.objects.all(), request.user), pk=pk)
     name = request.query_params.get("window", "15m")
     if name not in WINDOWS:
         raise ValidationError({"window": f"must be one of {', '.join(WINDOWS)}, got {name!r}"})
