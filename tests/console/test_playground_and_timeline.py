@@ -112,10 +112,10 @@ def test_bad_chat_input_names_the_field(owner: User, deployment: Deployment, pay
     assert field in response.json()
 
 
-def test_chat_needs_a_session(deployment: Deployment) -> None:
+def test_chat_needs_a_sign_in(deployment: Deployment) -> None:
     response = Client().post(f"/api/v1/deployments/{deployment.pk}/chat", data="{}",
                              content_type="application/json")
-    assert response.status_code == 403
+    assert response.status_code == 401
     assert Client().get(f"/deployments/{deployment.name}/playground/").status_code == 302
 
 

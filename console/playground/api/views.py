@@ -7,7 +7,6 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -15,6 +14,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from console.accounts.models import Role
+from console.accounts.permissions import TeamRole
+from console.accounts.roles import visible
 from console.api_router import ID_PARAMETER
 from console.deployments.models import Deployment
 from console.gateway.router_admin import console_key
@@ -25,11 +27,13 @@ from console.playground.proxy import build_body, stream_chat
 class DeploymentChatView(APIView):
     """``POST /api/v1/deployments/{id}/chat``: a streamed chat through the deployment's router.
 
-    Session authentication only (the playground page), with its CSRF check; API clients with a
-    key ask the router itself.
+    For the playground page (a session, with its CSRF check) or a console API token; clients
+    with an inference key ask the router itself. A chat spends the team's capacity: it needs
+    the operator role.
     """
 
-    authentication_classes = [SessionAuthentication]
+    permission_classes = [TeamRole]
+    team_roles = {"post": Role.OPERATOR}
     parser_classes = [JSONParser]
     renderer_classes = [JSONRenderer]
 
@@ -54,11 +58,13 @@ class DeploymentChatView(APIView):
                                          '"delta": {"content": "Paris"}}]}\n\ndata: [DONE]\n\n')]),
             400: OpenApiResponse(description="the request's fields, each with what is wrong "
                                              "(`body` for JSON that is not an object)"),
-            404: OpenApiResponse(description="no deployment with this id"),
+            403: OpenApiResponse(description="the user is not an operator of the team"),
+            404: OpenApiResponse(description="no deployment with this id in the user's teams"),
         },
     )
     def post(self, request: Request, pk: int) -> StreamingHttpResponse | Response:
-        deployment = get_object_or_404(Deployment, pk=pk)
+        deployment = get_object_or_404(visible(Deployment.objects.all(), request.user), pk=pk)
+        self.check_object_permissions(request, deployment)
         try:
             data = request.data
         except ParseError as exc:
