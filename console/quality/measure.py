@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from console.audit.entries import record, snapshot
 from console.catalog.models import Variant
 from console.celery import app
 from console.fleet.models import Node
@@ -67,9 +68,12 @@ def queue_measurement(variant: Variant, node: Node, dtype: str = "bfloat16") -> 
     if VariantMeasurement.objects.filter(variant=variant, node=node,
                                          state__in=(State.QUEUED, State.RUNNING)).exists():
         raise MeasureRefused("variant", f"{variant} is already being measured on {node.name}")
-    measurement = VariantMeasurement.objects.create(
-        variant=variant, node=node, dtype=dtype,
-        cores=str(node.cpu_ids[-1]) if node.cpu_ids else "")
+    with transaction.atomic():
+        measurement = VariantMeasurement.objects.create(
+            variant=variant, node=node, dtype=dtype,
+            cores=str(node.cpu_ids[-1]) if node.cpu_ids else "")
+        record("measurement.start", measurement,
+               after=snapshot(measurement, ("variant", "node", "dtype", "cores")))
     transaction.on_commit(partial(_send, measurement.pk))
     return measurement
 

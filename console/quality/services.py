@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Case, When
 from django.utils import timezone
 
+from console.audit.entries import record
 from console.catalog.models import Variant
 from console.checks.kv import dtypes, geometry
 from console.checks.nixl import handshake_compat_enforced
@@ -91,6 +92,7 @@ def on_start(deployment: Deployment) -> GateResult | None:
     return queue_gate(deployment, GateResult.Trigger.START) if applies else None
 
 
+@transaction.atomic
 def request_gate(deployment: Deployment) -> GateResult:
     """The gate on demand (button, API): it scores the running workers; traffic flows meanwhile."""
     if deployment.desired_state != Deployment.DesiredState.RUNNING:
@@ -100,7 +102,12 @@ def request_gate(deployment: Deployment) -> GateResult:
     if reference_variant(deployment) is None:
         raise GateRefused(f"{deployment.base_model.name} has no unquantized variant to use as "
                           "the reference; register one")
-    return queue_gate(deployment, GateResult.Trigger.DEMAND)
+    gate = queue_gate(deployment, GateResult.Trigger.DEMAND)
+    record("gate.run", gate, team_id=deployment.team_id, after={
+        "deployment": deployment.name, "prompts": gate.prompts,
+        "min_agreement": gate.min_agreement, "max_mean_delta": gate.max_mean_delta,
+        "action": gate.action})
+    return gate
 
 
 def router_hold(deployment: Deployment, gate: GateResult | None = None) -> str:

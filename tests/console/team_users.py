@@ -46,6 +46,8 @@ def api_as(user: User | None) -> APIClient:
     return client
 
 
-def actions() -> list[tuple[str, str]]:
-    """(action, username) of every audit entry so far, oldest first."""
-    return [(e.action, e.username) for e in AuditEntry.objects.order_by("pk")]
+def actions(prefix: str = "") -> list[tuple[str, str]]:
+    """(action, username) of the audit entries so far whose action starts with ``prefix``,
+    oldest first."""
+    return [(e.action, e.username) for e in
+            AuditEntry.objects.filter(action__startswith=prefix).order_by("pk")]
