@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.audit.context import acting_as
 from console.control.daemon import Supervisor
 from console.gateway.sync import KeySync
 from console.supervisor.models import ManagedProcess
@@ -57,9 +58,11 @@ class Command(BaseCommand):
         key_sync = KeySync()
         key_sync.start()
         try:
-            while not self.stopping:
-                supervisor.tick()
-                time.sleep(settings.PDSERVE_SUPERVISOR_TICK_S)
+            # What the daemon changes is the system's doing in the audit log, not a command's.
+            with acting_as("system", "supervise"):
+                while not self.stopping:
+                    supervisor.tick()
+                    time.sleep(settings.PDSERVE_SUPERVISOR_TICK_S)
         finally:
             self.stdout.write("supervisor: stopping all processes")
             supervisor.stop_all()

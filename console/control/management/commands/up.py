@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.audit.context import acting_as
 from console.control import lifecycle
 from console.deployments.defaults import DEFAULT_DEPLOYMENT
 from console.deployments.models import Deployment
@@ -34,14 +35,7 @@ class Command(BaseCommand):
         call_command("bootstrap", stdout=self.stdout)
         deployment = Deployment.objects.get(name=DEFAULT_DEPLOYMENT)
         if not options["no_start"]:
-            try:
-                lifecycle.start(deployment)
-            except lifecycle.Refused as refused:
-                # The same pre-flight checks as the Start button: say what is wrong and stop.
-                for finding in refused.report.errors:
-                    self.stderr.write(f"pdserve: [{finding.id}] {finding.message}\n"
-                                      f"         fix: {finding.hint}")
-                raise CommandError(f"{deployment.name}: {refused}") from refused
+            self.start(deployment)
         started = time.monotonic()
         host, port = settings.PDSERVE_CONSOLE_HOST, settings.PDSERVE_CONSOLE_PORT
         children = [
@@ -92,6 +86,18 @@ class Command(BaseCommand):
                 except subprocess.TimeoutExpired:
                     child.kill()
             self.stdout.write("pdserve: stopped")
+
+    def start(self, deployment: Deployment) -> None:
+        """Start ``deployment``; its audit entry names this command."""
+        try:
+            with acting_as("command", "up"):
+                lifecycle.start(deployment)
+        except lifecycle.Refused as refused:
+            # The same pre-flight checks as the Start button: say what is wrong and stop.
+            for finding in refused.report.errors:
+                self.stderr.write(f"pdserve: [{finding.id}] {finding.message}\n"
+                                  f"         fix: {finding.hint}")
+            raise CommandError(f"{deployment.name}: {refused}") from refused
 
     def _report_progress(self, deployment: Deployment, seen: dict[str, str], elapsed: float) -> None:
         """Print each process's state when it changes, so a long start shows where it is."""
