@@ -3,11 +3,12 @@
 Users point one Prometheus job at the console instead of at each worker's port, which changes
 with every plan. Every sample gets ``deployment`` and ``process`` labels; a label of the same
 name already on a sample is kept as ``exported_<name>``, as Prometheus does when it scrapes.
+Each reader gets the deployments of their teams (``deployments``; None: all, a superuser's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from datetime import datetime, timedelta
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -36,11 +37,15 @@ def _relabelled(sample: Sample, extra: dict[str, str]) -> Sample:
     return sample._replace(labels={**labels, **extra})
 
 
-def scraped_families(now: datetime) -> list[Metric]:
-    """The fresh scrapes of all processes, merged family by family (a family appears once)."""
+def scraped_families(now: datetime, deployments: Collection[int] | None = None) -> list[Metric]:
+    """The fresh scrapes of the deployments' processes, merged family by family (a family
+    appears once)."""
     families: dict[str, Metric] = {}
-    scrapes = (ProcessScrape.objects.filter(scraped__gte=now - FRESH)
-               .select_related("process__deployment").order_by("process__deployment__name",
+    # Requested processes (no deployment) are not scraped; a row of one would have no label.
+    scrapes = ProcessScrape.objects.filter(scraped__gte=now - FRESH, process__deployment__isnull=False)
+    if deployments is not None:
+        scrapes = scrapes.filter(process__deployment__in=deployments)
+    scrapes = (scrapes.select_related("process__deployment").order_by("process__deployment__name",
                                                                 "process__slot"))
     for scrape in scrapes:
         extra = {"deployment": scrape.process.deployment.name, "process": scrape.process.slot}
@@ -51,7 +56,7 @@ def scraped_families(now: datetime) -> list[Metric]:
     return list(families.values())
 
 
-def resource_families(now: datetime) -> list[Metric]:
+def resource_families(now: datetime, deployments: Collection[int] | None = None) -> list[Metric]:
     """CPU and RSS of every process tree, from each deployment's latest 1 s sample."""
     cpu = GaugeMetricFamily("pdserve_process_cpu_percent",
                             "CPU of the process and its descendants, in % of one core",
@@ -63,6 +68,8 @@ def resource_families(now: datetime) -> list[Metric]:
     recent = (MetricSample.objects.filter(resolution=MetricSample.Resolution.SECOND,
                                           created__gte=now - FRESH)
               .select_related("deployment").order_by("created"))
+    if deployments is not None:
+        recent = recent.filter(deployment__in=deployments)
     for sample in recent:
         latest[sample.deployment_id] = sample
     for sample in sorted(latest.values(), key=lambda s: s.deployment.name):
@@ -75,7 +82,8 @@ def resource_families(now: datetime) -> list[Metric]:
     return [cpu, rss]
 
 
-def render(now: datetime) -> bytes:
+def render(now: datetime, deployments: Collection[int] | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(scraped_families(now) + resource_families(now)))
+    registry.register(_Families(scraped_families(now, deployments)
+                                + resource_families(now, deployments)))
     return generate_latest(registry)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,9 +13,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.deployments.models import Deployment
 from console.live.models import MetricSample, ProcessScrape
 from console.supervisor.models import ManagedProcess
+from tests.console.tokens import token_for
 
 ENGINE = 'engine="0",model_name="smollm2"'
 
+
+
+@pytest.fixture
+def prometheus(owner: User) -> Client:
+    """A scraper with a superuser's token: every deployment's metrics
+    (tests/console/test_permissions_live.py holds the export to a team's)."""
+    return Client(headers={"Authorization": f"Bearer {token_for(owner, 'prometheus')}"})
 
 def worker_text(running: int, success: int) -> str:
     return (
@@ -43,15 +53,16 @@ def families(body: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
             for family in text_string_to_metric_families(body)}
 
 
-def test_every_scrape_is_re_exported_with_deployment_and_process_labels(deployment: Deployment) -> None:
+def test_every_scrape_is_re_exported_with_deployment_and_process_labels(
+        prometheus: Client, deployment: Deployment) -> None:
     now = timezone.now()
     prefill = process(deployment, "prefill-0", 8100)
     decode = process(deployment, "decode-0", 8200)
     ProcessScrape.objects.create(process=prefill, scraped=now, text=worker_text(1, 10))
     ProcessScrape.objects.create(process=decode, scraped=now, text=worker_text(4, 7))
 
-    # No login: Prometheus scrapes without a session.
-    response = Client().get("/metrics")
+    # Prometheus sends an API token, no session.
+    response = prometheus.get("/metrics")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     body = response.content.decode()
@@ -74,25 +85,25 @@ def test_every_scrape_is_re_exported_with_deployment_and_process_labels(deployme
         ("prefill-0", "1.0"), ("prefill-0", "+Inf"), ("decode-0", "1.0"), ("decode-0", "+Inf")}
 
 
-def test_a_label_of_the_same_name_is_kept_as_exported(deployment: Deployment) -> None:
+def test_a_label_of_the_same_name_is_kept_as_exported(prometheus: Client, deployment: Deployment) -> None:
     router = process(deployment, "router", 8080)
     ProcessScrape.objects.create(process=router, scraped=timezone.now(), text=(
         "# TYPE custom gauge\n"
         'custom{process="engine-core"} 1.0\n'
     ))
-    [(_, labels, _)] = families(Client().get("/metrics/").content.decode())["custom"]
+    [(_, labels, _)] = families(prometheus.get("/metrics/").content.decode())["custom"]
     assert labels == {"deployment": deployment.name, "process": "router",
                       "exported_process": "engine-core"}
 
 
-def test_stale_scrapes_are_left_out(deployment: Deployment) -> None:
+def test_stale_scrapes_are_left_out(prometheus: Client, deployment: Deployment) -> None:
     stopped = process(deployment, "decode-0", 8200)
     ProcessScrape.objects.create(process=stopped, scraped=timezone.now() - timedelta(minutes=5),
                                  text=worker_text(3, 3))
-    assert "vllm:num_requests_running" not in families(Client().get("/metrics").content.decode())
+    assert "vllm:num_requests_running" not in families(prometheus.get("/metrics").content.decode())
 
 
-def test_cpu_and_memory_come_from_the_latest_sample(deployment: Deployment) -> None:
+def test_cpu_and_memory_come_from_the_latest_sample(prometheus: Client, deployment: Deployment) -> None:
     now = timezone.now()
     for age, cpu in ((2, 10.0), (1, 42.5)):
         MetricSample.objects.create(deployment=deployment, resolution="1s",
@@ -100,14 +111,14 @@ def test_cpu_and_memory_come_from_the_latest_sample(deployment: Deployment) -> N
                                         "decode-0": {"role": "decode", "cpu": cpu, "rss": 123_000_000},
                                         "router": {"role": "router", "cpu": None, "rss": None},
                                     }})
-    parsed = families(Client().get("/metrics").content.decode())
+    parsed = families(prometheus.get("/metrics").content.decode())
     labels = {"deployment": deployment.name, "process": "decode-0", "role": "decode"}
     assert parsed["pdserve_process_cpu_percent"] == [("pdserve_process_cpu_percent", labels, 42.5)]
     assert parsed["pdserve_process_rss_bytes"] == [("pdserve_process_rss_bytes", labels, 123e6)]
 
 
-def test_an_empty_console_answers_an_empty_but_valid_page(db: None) -> None:
-    response = Client().get("/metrics")
+def test_an_empty_console_answers_an_empty_but_valid_page(prometheus: Client, db: None) -> None:
+    response = prometheus.get("/metrics")
     assert response.status_code == 200
     assert set(families(response.content.decode())) == {"pdserve_process_cpu_percent",
                                                          "pdserve_process_rss_bytes"}

@@ -10,11 +10,14 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from console.asgi import application
 from console.deployments.models import Deployment
+from console.live.models import ProcessScrape
 from console.supervisor.models import ManagedProcess
 from tests.console.team_users import Crew, api_as, make_crew
+from tests.console.tokens import token_for
 
 ORIGIN = (b"origin", b"http://127.0.0.1")
 Kind = ManagedProcess.Kind
@@ -103,3 +106,34 @@ async def test_websockets_close_for_outsiders(deployment: Deployment, decode: Ma
     assert await _connect(live, crew.stranger) == (False, 4404)
     assert await _connect(logs, crew.stranger) == (False, 4404)
     assert await _connect(f"/ws/processes/{builder.pk}/logs/", crew.admin) == (False, 4404)
+
+
+def test_the_prometheus_export_shows_a_reader_their_teams_deployments(
+        crew: Crew, owner: User, deployment: Deployment, decode: ManagedProcess,
+        builder: ManagedProcess) -> None:
+    now = timezone.now()
+    for process in (decode, builder):
+        ProcessScrape.objects.create(process=process, scraped=now,
+                                     text=f"# TYPE up gauge\nup{{slot=\"{process.slot}\"}} 1.0\n")
+
+    def scraped(headers: dict[str, str]) -> tuple[int, str]:
+        response = Client(headers=headers).get("/metrics")
+        return response.status_code, response.content.decode()
+
+    def bearer(user: User) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token_for(user, 'prometheus')}"}
+
+    code, body = scraped(bearer(crew.viewer))
+    assert code == 200 and 'process="decode-0"' in body
+    # A process of no deployment has no dashboard, and no export either.
+    assert "build-3" not in body
+    code, body = scraped(bearer(owner))
+    assert code == 200 and 'process="decode-0"' in body and "build-3" not in body
+    code, body = scraped(bearer(crew.stranger))
+    assert code == 200 and deployment.name not in body
+    assert scraped({"Authorization": "Bearer pds_not-a-token"})[0] == 401
+    assert Client().get("/metrics").status_code == 302
+    page = Client()
+    page.force_login(crew.viewer)
+    assert 'process="decode-0"' in page.get("/metrics").content.decode()
+    assert page.post("/metrics").status_code == 405
