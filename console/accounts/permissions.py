@@ -67,3 +67,16 @@ class SuperuserOnly(BasePermission):
 
     def has_permission(self, request: Request, view: APIView) -> bool:
         return _signed_in(request) and is_superuser(request.user)
+
+
+class SuperuserOnObject(BasePermission):
+    """An object everyone who can see it finds, that only a superuser acts on: those who cannot
+    see it get 404 from the view's queryset before this says 403."""
+
+    message = "only a superuser may do this"
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return _signed_in(request)
+
+    def has_object_permission(self, request: Request, view: APIView, obj: Any) -> bool:
+        return is_superuser(request.user)

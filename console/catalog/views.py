@@ -4,7 +4,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from console.accounts.roles import is_superuser
 from console.catalog.forms import BaseModelForm, QuantizeForm, RegisterForm
@@ -45,11 +45,13 @@ def _jobs_context(request: HttpRequest) -> dict[str, object]:
 
 
 @login_required
+@require_GET
 def catalog(request: HttpRequest) -> HttpResponse:
     return render(request, "catalog/models.html", page_context(request))
 
 
 @login_required
+@require_GET
 def variant_table(request: HttpRequest) -> HttpResponse:
     """The variants table alone: the page refreshes it while hashing runs."""
     return render(request, "catalog/_variants.html", page_context(request))
@@ -93,6 +95,7 @@ def variant_inspect(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
+@require_GET
 def job_table(request: HttpRequest) -> HttpResponse:
     """The quantization jobs alone: the page refreshes it every second."""
     return render(request, "catalog/_jobs.html", _jobs_context(request))

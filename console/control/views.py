@@ -4,7 +4,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.accounts.models import Role, Team
 from console.accounts.roles import may, require, role_in, visible, visible_teams
@@ -59,6 +59,7 @@ def _admin_teams(request: HttpRequest) -> list[Team]:
 
 
 @login_required
+@require_GET
 def deployment_list(request: HttpRequest) -> HttpResponse:
     rows = [(d, overall_state(d, list(d.processes.all()))) for d in _deployments(request)]
     return render(request, "deployments/list.html",
@@ -66,6 +67,7 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@require_GET
 def deployment_detail(request: HttpRequest, name: str) -> HttpResponse:
     deployment = _get(request, name)
     return render(request, "deployments/detail.html",
@@ -73,12 +75,14 @@ def deployment_detail(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @login_required
+@require_GET
 def deployment_processes(request: HttpRequest, name: str) -> HttpResponse:
     """The process table alone, fetched every few seconds by the page's script."""
     return render(request, "deployments/_processes.html", _context(request, _get(request, name)))
 
 
 @login_required
+@require_GET
 def deployment_checks(request: HttpRequest, name: str) -> HttpResponse:
     """The check table alone: the detail page refreshes it (ports change while it is open)."""
     return render(request, "deployments/_checks.html",
@@ -105,6 +109,7 @@ def deployment_stop(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @login_required
+@require_http_methods(["GET", "POST"])
 def plan_new(request: HttpRequest) -> HttpResponse:
     if not _admin_teams(request):
         raise PermissionDenied("creating a deployment needs the admin role in a team")
@@ -112,6 +117,7 @@ def plan_new(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@require_http_methods(["GET", "POST"])
 def plan_edit(request: HttpRequest, name: str) -> HttpResponse:
     return _plan_page(request, _get(request, name, Role.ADMIN))
 

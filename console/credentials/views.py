@@ -5,7 +5,7 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from console.credentials.forms import NewApiTokenForm
 from console.credentials.models import ApiToken
@@ -27,6 +27,7 @@ def _render(request: HttpRequest, form: NewApiTokenForm | None = None,
 
 
 @login_required
+@require_GET
 def tokens(request: HttpRequest) -> HttpResponse:
     return _render(request)
 

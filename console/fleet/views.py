@@ -5,7 +5,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import ProtectedError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from console.accounts.roles import is_superuser
 from console.fleet.forms import NodeForm
@@ -27,6 +27,7 @@ def _context(request: HttpRequest, form: NodeForm | None = None,
 
 
 @login_required
+@require_GET
 def fleet(request: HttpRequest) -> HttpResponse:
     return render(request, "fleet/nodes.html", _context(request))
 

@@ -4,7 +4,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from console.accounts.models import Role, Team
 from console.accounts.roles import may, require, visible, visible_teams
@@ -30,6 +30,7 @@ def _render(request: HttpRequest, form: ApiKeyForm | None = None, created: ApiKe
 
 
 @login_required
+@require_GET
 def keys(request: HttpRequest) -> HttpResponse:
     return _render(request)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.views.decorators.http import require_GET
 
 from console.accounts.models import Role
 from console.accounts.roles import may, visible
@@ -10,6 +11,7 @@ from console.deployments.models import Deployment
 
 
 @login_required
+@require_GET
 def playground(request: HttpRequest, name: str) -> HttpResponse:
     deployment = get_object_or_404(visible(Deployment.objects.select_related("team"),
                                            request.user), name=name)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from console.accounts.models import Role
 from console.accounts.roles import may, require, visible
@@ -37,6 +37,7 @@ def _deployment(request: HttpRequest, name: str, role: Role = Role.VIEWER) -> De
 
 
 @login_required
+@require_GET
 def gate_panel(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "quality/_gate.html", gate_context(_deployment(request, name)))
 
@@ -55,6 +56,7 @@ def gate_run(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @login_required
+@require_GET
 def advice_panel(request: HttpRequest, name: str) -> HttpResponse:
     deployment = _deployment(request, name)
     return render(request, "quality/_advice.html", {

@@ -21,7 +21,7 @@ from console.accounts.api.serializers import (
     UserSerializer,
 )
 from console.accounts.models import Membership, Role, Team
-from console.accounts.permissions import SuperuserOnly, TeamRole
+from console.accounts.permissions import SuperuserOnly, SuperuserOnObject, TeamRole
 from console.accounts.roles import visible_teams
 
 USER_ID_PARAMETER = OpenApiParameter("user_id", int, OpenApiParameter.PATH,
@@ -45,8 +45,10 @@ class TeamViewSet(viewsets.ModelViewSet):
     team_id_of = staticmethod(lambda team: team.pk)
 
     def get_permissions(self) -> list[BasePermission]:
-        if self.action in ("create", "destroy"):
+        if self.action == "create":
             return [SuperuserOnly()]
+        if self.action == "destroy":
+            return [SuperuserOnObject()]
         return [TeamRole()]
 
     def get_queryset(self) -> QuerySet[Team]:

@@ -1,0 +1,324 @@
+"""The audit log, generated from the URL list: every method of every path that changes
+something writes exactly one entry, naming the user who made the change.
+
+A path and method that answers (anything but 405) must be in ``CHANGES`` (with a request that
+succeeds) or in ``READS`` (with why it changes nothing): a new endpoint fails until it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from console.accounts.models import Team
+from console.audit.models import AuditEntry
+from console.catalog.models import BaseModel, QuantizationJob
+from console.deployments.models import Deployment
+from console.fleet.models import Node
+from console.fleet.services import local_node
+from console.supervisor.models import ManagedProcess
+from tests.console.sockets import free_port
+from tests.console.test_permissions_generated import KINDS, PUBLIC, call, client_for, values
+from tests.console.tiny_models import register
+from tests.console.url_list import UNSAFE, fill, is_api
+from tests.console.world import World, build_world
+
+Body = Callable[[World], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Change:
+    who: str          # the world's user who makes it
+    body: Body        # what is sent
+    action: str       # the entry's action
+
+
+def _none(_w: World) -> dict[str, Any]:
+    return {}
+
+
+def _plan(w: World, name: str = "audited") -> dict[str, Any]:
+    variant = w.variant.pk
+    return {"name": name, "team": "alpha", "base_model": w.base_model.name,
+            "served_model_name": name, "max_model_len": 2048, "longest_request": 1024,
+            "prefill": {"variant": variant, "instances": [{}]},
+            "decode": {"variant": variant, "instances": [{}]},
+            "router": {"port": free_port()}}
+
+
+def _plan_form(w: World, name: str = "audited-form") -> dict[str, Any]:
+    node = local_node()
+    data: dict[str, Any] = {
+        "name": name, "team": str(w.alpha.pk), "base_model": str(w.base_model.pk),
+        "served_model_name": "tiny", "mode": "pd", "max_model_len": "2048",
+        "longest_request": "1024", "concurrency": "8", "kv_channel": "shared-storage",
+        "kv_cache_gib": "1", "block_size": "", "kv_cache_dtype": "auto", "dtype": "bfloat16",
+        "engine_version": node.engine_version, "sampling_defaults": "{}",
+        "router_port": str(free_port()), "prefill_policy": "least_outstanding",
+        "decode_policy": "least_outstanding", "pd_policy": "pd_adaptive",
+        "stall_budget_ms": "250", "kv_load_failure": "fail", "gate_mode": "auto",
+        "gate_prompts": "8", "gate_min_agreement": "0.9", "gate_max_mean_delta": "0.5",
+        "gate_action": "block",
+    }
+    for role, core in (("prefill", node.cpu_ids[0]), ("decode", node.cpu_ids[-1]),
+                       ("colocated", None)):
+        data[f"{role}-variant"] = str(w.variant.pk)
+        count = 0 if core is None else 1
+        data.update({f"{role}-instances-TOTAL_FORMS": str(count),
+                     f"{role}-instances-INITIAL_FORMS": "0"})
+        if count:
+            data.update({f"{role}-instances-0-node": str(node.pk),
+                         f"{role}-instances-0-cpu_cores": str(core),
+                         f"{role}-instances-0-port": str(free_port()),
+                         f"{role}-instances-0-side_channel_port": str(free_port())})
+    return data
+
+
+def _edit_form(w: World) -> dict[str, Any]:
+    data = _plan_form(w, w.deployment.name)
+    data["concurrency"] = "4"
+    return data
+
+
+def _node(_w: World) -> dict[str, Any]:
+    return {"name": "far", "address": "10.0.0.9", "cpu_count": 2, "memory_gib": 16,
+            "gpus": [], "engine_version": "0.32.0"}
+
+
+CHANGES: dict[tuple[str, str], Change] = {
+    # deployments
+    ("api/v1/deployments/", "post"): Change("admin", _plan, "deployment.create"),
+    ("api/v1/deployments/{pk}/", "put"): Change("admin", lambda w: _plan(w, w.deployment.name),
+                                                "deployment.edit"),
+    ("api/v1/deployments/{pk}/", "patch"): Change("admin", lambda w: {"concurrency": 4},
+                                                  "deployment.edit"),
+    ("api/v1/deployments/{pk}/", "delete"): Change("admin", _none, "deployment.delete"),
+    ("api/v1/deployments/{pk}/start/", "post"): Change("operator", _none, "deployment.start"),
+    ("api/v1/deployments/{pk}/stop/", "post"): Change("operator", _none, "deployment.stop"),
+    ("api/v1/deployments/{pk}/gate/", "post"): Change("operator", _none, "gate.run"),
+    ("deployments/new/", "post"): Change("admin", _plan_form, "deployment.create"),
+    ("deployments/{name}/edit/", "post"): Change("admin", _edit_form, "deployment.edit"),
+    ("deployments/{name}/start/", "post"): Change("operator", _none, "deployment.start"),
+    ("deployments/{name}/stop/", "post"): Change("operator", _none, "deployment.stop"),
+    ("deployments/{name}/gate/run/", "post"): Change("operator", _none, "gate.run"),
+    ("deployments/{name}/advice/measure/", "post"): Change(
+        "operator", lambda w: {"variant": str(w.variant.pk), "node": str(w.node.pk)},
+        "measurement.start"),
+    # keys
+    ("api/v1/keys/", "post"): Change("operator", lambda w: {
+        "name": "k2", "team": "alpha", "deployments": [w.deployment.name]}, "key.create"),
+    ("api/v1/keys/{pk}/", "put"): Change("operator", lambda w: {
+        "name": "k3", "deployments": [w.deployment.name]}, "key.edit"),
+    ("api/v1/keys/{pk}/", "patch"): Change("operator", lambda w: {"name": "k4"}, "key.edit"),
+    ("api/v1/keys/{pk}/revoke/", "post"): Change("operator", _none, "key.revoke"),
+    ("keys/new/", "post"): Change("operator", lambda w: {
+        "name": "k5", "team": str(w.alpha.pk), "deployments": [w.deployment.name]},
+        "key.create"),
+    ("keys/{pk}/revoke/", "post"): Change("operator", _none, "key.revoke"),
+    # measurements
+    ("api/v1/measurements/", "post"): Change(
+        "operator", lambda w: {"variant": w.variant.pk}, "measurement.start"),
+    # catalog
+    ("api/v1/models/", "post"): Change("root", lambda w: {"name": "m2"}, "model.create"),
+    ("api/v1/models/{pk}/", "delete"): Change("root", _none, "model.delete"),
+    ("api/v1/variants/{pk}/", "delete"): Change("root", _none, "variant.delete"),
+    ("api/v1/quantization-jobs/{pk}/cancel/", "post"): Change("root", _none, "job.cancel"),
+    ("models/jobs/{pk}/cancel/", "post"): Change("root", _none, "job.cancel"),
+    ("api/v1/models/{pk}/", "put"): Change("root", lambda w: {
+        "name": w.base_model.name, "description": "d"}, "model.edit"),
+    ("api/v1/models/{pk}/", "patch"): Change("root", lambda w: {"description": "e"},
+                                             "model.edit"),
+    ("api/v1/variants/", "post"): Change("root", lambda w: {
+        "base_model": w.base_model.name, "name": "copy", "path": w.spare_dir}, "variant.create"),
+    ("api/v1/variants/{pk}/", "put"): Change("root", lambda w: {"name": "renamed"},
+                                             "variant.edit"),
+    ("api/v1/variants/{pk}/", "patch"): Change("root", lambda w: {"name": "renamed"},
+                                               "variant.edit"),
+    ("api/v1/variants/{pk}/inspect/", "post"): Change("root", _none, "variant.reinspect"),
+    ("api/v1/quantization-jobs/", "post"): Change("root", lambda w: {
+        "base_model": w.base_model.name, "scheme": "w8a8-int8"}, "job.start"),
+    ("models/new/", "post"): Change("root", lambda w: {"base-name": "m3", "base-description": ""},
+                                    "model.create"),
+    ("models/register/", "post"): Change("root", lambda w: {
+        "variant-base": str(w.base_model.pk), "variant-name": "copy2",
+        "variant-path": w.spare_dir}, "variant.create"),
+    ("models/variants/{pk}/inspect/", "post"): Change("root", _none, "variant.reinspect"),
+    ("models/{pk}/quantize/", "post"): Change("root", lambda w: {
+        f"quantize-{w.base_model.pk}-scheme": "w8a8-int8"}, "job.start"),
+    # fleet
+    ("api/v1/nodes/", "post"): Change("root", _node, "node.create"),
+    ("api/v1/nodes/{pk}/", "put"): Change("root", lambda w: {**_node(w), "name": w.node.name,
+                                                             "address": w.node.address},
+                                          "node.edit"),
+    ("api/v1/nodes/{pk}/", "delete"): Change("root", _none, "node.delete"),
+    ("nodes/{pk}/delete/", "post"): Change("root", _none, "node.delete"),
+    ("api/v1/nodes/{pk}/", "patch"): Change("root", lambda w: {"engine_version": "0.32.1"},
+                                            "node.edit"),
+    ("api/v1/nodes/discover/", "post"): Change("root", _none, "node.discover"),
+    ("nodes/new/", "post"): Change("root", lambda w: {
+        "name": "far2", "address": "10.0.0.8", "engine_version": "0.32.0", "cpu_count": "2",
+        "memory_gib": "16", "gpus": ""}, "node.create"),
+    ("nodes/discover/", "post"): Change("root", _none, "node.discover"),
+    # teams and users
+    ("api/v1/teams/", "post"): Change("root", lambda w: {"name": "charlie"}, "team.create"),
+    ("api/v1/teams/{pk}/", "put"): Change("admin", lambda w: {
+        "name": "alpha", "description": "the first"}, "team.edit"),
+    ("api/v1/teams/{pk}/", "patch"): Change("admin", lambda w: {"description": "x"},
+                                            "team.edit"),
+    ("api/v1/teams/{pk}/", "delete"): Change("root", _none, "team.delete"),
+    ("teams/{name}/delete/", "post"): Change("root", _none, "team.delete"),
+    ("api/v1/teams/{pk}/members/", "post"): Change("admin", lambda w: {
+        "user": w.outsider.username, "role": "viewer"}, "member.add"),
+    ("api/v1/teams/{pk}/members/{user_id}/", "patch"): Change(
+        "admin", lambda w: {"role": "operator"}, "member.role"),
+    ("api/v1/teams/{pk}/members/{user_id}/", "delete"): Change("admin", _none, "member.remove"),
+    ("api/v1/users/", "post"): Change("root", lambda w: {
+        "username": "newcomer", "password": "a long enough passphrase 42"}, "user.create"),
+    ("api/v1/users/{pk}/", "patch"): Change("root", lambda w: {"first_name": "Vi"}, "user.edit"),
+    ("teams/", "post"): Change("root", lambda w: {"name": "delta", "description": ""},
+                               "team.create"),
+    ("teams/{name}/edit/", "post"): Change("admin", lambda w: {
+        "name": "alpha", "description": "edited"}, "team.edit"),
+    ("teams/{name}/members/", "post"): Change("admin", lambda w: {
+        "user": w.outsider.username, "role": "viewer"}, "member.add"),
+    ("teams/{name}/members/{user_id}/role/", "post"): Change(
+        "admin", lambda w: {"role": "operator"}, "member.role"),
+    ("teams/{name}/members/{user_id}/remove/", "post"): Change("admin", _none, "member.remove"),
+    ("users/", "post"): Change("root", lambda w: {
+        "username": "newcomer2", "password": "a long enough passphrase 43"}, "user.create"),
+    ("users/{pk}/deactivate/", "post"): Change("root", _none, "user.deactivate"),
+    ("users/{pk}/activate/", "post"): Change("root", _none, "user.activate"),
+    # the caller's own API tokens
+    ("api/v1/tokens/", "post"): Change("viewer", lambda w: {"name": "script"}, "api_token.create"),
+    ("api/v1/tokens/{pk}/revoke/", "post"): Change("viewer", _none, "api_token.revoke"),
+    ("tokens/new/", "post"): Change("viewer", lambda w: {"name": "script2",
+                                                         "expires_in_days": "30"},
+                                    "api_token.create"),
+    ("tokens/{pk}/revoke/", "post"): Change("viewer", _none, "api_token.revoke"),
+}
+
+# Answered, but nothing is changed: said here, with why.
+READS: dict[tuple[str, str], str] = {
+    ("api/v1/deployments/{pk}/check/", "post"): "the checks of a plan, saved or as a body "
+                                                 "would change it; nothing is saved",
+    ("deployments/new/check/", "post"): "the form's live check panel; nothing is saved",
+    ("deployments/{name}/edit/check/", "post"): "the form's live check panel; nothing is saved",
+    ("deployments/new/propose/", "post"): "free ports and devices for a form row",
+    ("deployments/{name}/edit/propose/", "post"): "free ports and devices for a form row",
+    ("api/v1/deployments/{pk}/chat/", "post"): "inference through the router; the router "
+                                               "logs requests, the audit log changes",
+}
+
+def _spare_model(w: World) -> None:
+    w.base_model = BaseModel.objects.create(name="spare")
+
+
+def _spare_variant(w: World) -> None:
+    w.variant = register(w.base_model, Path(w.spare_dir).parent, "spare-variant")
+
+
+def _spare_node(w: World) -> None:
+    w.node = Node.objects.create(name="spare", address="10.0.0.7", cpu_ids=[0, 1],
+                                 memory_bytes=1 << 34, engine_version="0.32.0")
+
+
+def _spare_team(w: World) -> None:
+    w.alpha = Team.objects.create(name="spare")
+
+
+def _queued_job(w: World) -> None:
+    QuantizationJob.objects.filter(pk=w.job.pk).update(state=QuantizationJob.State.QUEUED)
+
+
+def _running(w: World) -> None:
+    Deployment.objects.filter(pk=w.deployment.pk).update(
+        desired_state=Deployment.DesiredState.RUNNING)
+
+
+def _stopped(w: World) -> None:
+    ManagedProcess.objects.filter(deployment=w.deployment).update(
+        state=ManagedProcess.State.STOPPED)
+
+
+def _inactive_viewer(w: World) -> None:
+    type(w.viewer).objects.filter(pk=w.viewer.pk).update(is_active=False)
+
+
+# What a fresh world refuses (an object still in use, a job already done), made possible first:
+# the refusal itself is tested where the endpoint is.
+PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
+    ("api/v1/models/{pk}/", "delete"): _spare_model,
+    ("api/v1/variants/{pk}/", "delete"): _spare_variant,
+    ("api/v1/nodes/{pk}/", "put"): _spare_node,
+    ("api/v1/nodes/{pk}/", "patch"): _spare_node,
+    ("api/v1/nodes/{pk}/", "delete"): _spare_node,
+    ("nodes/{pk}/delete/", "post"): _spare_node,
+    ("api/v1/teams/{pk}/", "delete"): _spare_team,
+    ("teams/{name}/delete/", "post"): _spare_team,
+    ("api/v1/quantization-jobs/{pk}/cancel/", "post"): _queued_job,
+    ("models/jobs/{pk}/cancel/", "post"): _queued_job,
+    ("users/{pk}/activate/", "post"): _inactive_viewer,
+    ("api/v1/deployments/{pk}/gate/", "post"): _running,
+    ("deployments/{name}/gate/run/", "post"): _running,
+    ("api/v1/deployments/{pk}/", "delete"): _stopped,
+}
+
+
+@pytest.fixture
+def world(db: None, tmp_path: Path) -> World:
+    return build_world(tmp_path)
+
+
+def _send(client: Client, method: str, url: str, body: dict[str, Any]) -> tuple[int, str]:
+    if is_api(url.lstrip("/")):
+        response = getattr(client, method)(url, data=body, content_type="application/json")
+    else:
+        response = getattr(client, method)(url, data=body)
+    return response.status_code, response.content.decode(errors="replace")[:600]
+
+
+PATHS = [t for t in KINDS if KINDS[t] != PUBLIC]
+
+
+@pytest.mark.parametrize("template", PATHS)
+def test_every_answered_change_is_listed(world: World, template: str) -> None:
+    url = fill(template, values(world, template))
+    client = client_for(world, "root", template)
+    answered = [m for m in UNSAFE if call(client, m, url) != 405]
+    unlisted = [m for m in answered
+                if (template, m) not in CHANGES and (template, m) not in READS]
+    assert not unlisted, (f"{template}: {unlisted} answer; list each in CHANGES (with a request "
+                          f"that succeeds) or READS (with why it changes nothing)")
+
+
+@pytest.mark.parametrize(("template", "method"), sorted(CHANGES))
+def test_each_change_writes_one_entry_naming_the_user(world: World, template: str,
+                                                      method: str) -> None:
+    change = CHANGES[(template, method)]
+    prepare = PREPARE.get((template, method))
+    if prepare is not None:
+        prepare(world)
+    url = fill(template, values(world, template))
+    client = client_for(world, change.who, template)
+    before = AuditEntry.objects.count()
+    status, text = _send(client, method, url, change.body(world))
+    assert status < 400, f"{method.upper()} {url} as {change.who}: {status} {text}"
+    entries = list(AuditEntry.objects.order_by("pk")[before:])
+    assert len(entries) == 1, f"{method.upper()} {url}: {[e.action for e in entries]}"
+    [entry] = entries
+    assert entry.action == change.action
+    assert entry.username == world.user(change.who).username
+    assert entry.actor in (AuditEntry.Actor.USER, AuditEntry.Actor.TOKEN)
+    if is_api(template):
+        assert entry.actor == AuditEntry.Actor.TOKEN and entry.via
+
+
+def test_listed_changes_exist() -> None:
+    gone = sorted({t for t, _m in [*CHANGES, *READS]} - set(KINDS))
+    assert not gone, f"CHANGES/READS name paths that no longer exist: {gone}"
+    assert Deployment  # the plan bodies name the deployments app's fields

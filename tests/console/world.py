@@ -1,0 +1,127 @@
+"""Two teams and one of every object, for the tests generated from the URL list.
+
+Team ``alpha`` owns a deployment, its process, key, gate result and audit entry; team
+``bravo`` owns the same kinds of object. Users: a superuser, alpha's viewer, operator and admin,
+and bravo's admin, who is an outsider to everything of alpha's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.contrib.auth.models import User
+
+from console.accounts.models import Membership, Role, Team
+from console.audit.context import acting_as
+from console.audit.entries import record
+from console.catalog.models import BaseModel, QuantizationJob, Variant
+from console.deployments.defaults import ensure_default_deployment
+from console.deployments.models import Deployment, WorkerPlan
+from console.fleet.models import Node
+from console.gateway.models import ApiKey
+from console.gateway.services import create_key
+from console.quality.models import GateResult, VariantMeasurement
+from console.supervisor.models import ManagedProcess
+from tests.console.tiny_models import make_startable, write_model
+from tests.console.tokens import token_for
+
+# Text that names alpha's objects: none of it may reach an outsider.
+ALPHA_NAMES = ("alpha-dep", "alpha-key", "alpha")
+
+
+@dataclass
+class World:
+    alpha: Team
+    bravo: Team
+    root: User
+    viewer: User
+    operator: User
+    admin: User
+    outsider: User
+    deployment: Deployment
+    other_deployment: Deployment
+    process: ManagedProcess
+    key: ApiKey
+    gate: GateResult
+    base_model: BaseModel
+    variant: Variant
+    node: Node
+    job: QuantizationJob
+    measurement: VariantMeasurement
+    entry_id: int
+    tokens: dict[str, str]
+    viewer_token_id: int
+    # A tiny model directory no variant uses yet, to register.
+    spare_dir: str
+
+    def user(self, name: str) -> User:
+        return getattr(self, name)
+
+
+def _user(name: str, team: Team | None, role: Role | None, *, superuser: bool = False) -> User:
+    user = (User.objects.create_superuser(name, "", "pw") if superuser
+            else User.objects.create_user(name, "", "pw"))
+    if team is not None and role is not None:
+        Membership.objects.create(team=team, user=user, role=role)
+    return user
+
+
+def _process(deployment: Deployment, port: int) -> ManagedProcess:
+    return ManagedProcess.objects.create(deployment=deployment, slot="decode-0", role="decode",
+                                         port=port, state=ManagedProcess.State.READY,
+                                         log_path="/nonexistent.log")
+
+
+def _gate(deployment: Deployment) -> GateResult:
+    return GateResult.objects.create(deployment=deployment, trigger=GateResult.Trigger.DEMAND,
+                                     state=GateResult.State.PASSED, prompts=1, min_agreement=0.9,
+                                     max_mean_delta=0.5, action="block")
+
+
+def build_world(tmp_path: Path) -> World:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    alpha = Team.objects.create(name="alpha")
+    bravo = Team.objects.create(name="bravo")
+    with acting_as("command", "world"):
+        default, _ = ensure_default_deployment(model_dir=model_dir)
+    Deployment.objects.filter(pk=default.pk).update(name="alpha-dep", team=alpha)
+    # Real (tiny) model files and free ports: every check passes, so start and gate run.
+    deployment = make_startable(Deployment.objects.get(pk=default.pk))
+    other = Deployment.objects.create(name="bravo-dep", team=bravo, base_model=deployment.base_model,
+                                      served_model_name="bravo", router_port=9100)
+    worker = deployment.workers.first()
+    assert worker is not None
+    WorkerPlan.objects.create(deployment=other, role="decode", variant=worker.variant, port=9101)
+    users = {
+        "root": _user("root", None, None, superuser=True),
+        "viewer": _user("viewer", alpha, Role.VIEWER),
+        "operator": _user("operator", alpha, Role.OPERATOR),
+        "admin": _user("admin", alpha, Role.ADMIN),
+        "outsider": _user("outsider", bravo, Role.ADMIN),
+    }
+    with acting_as("command", "world"):
+        key, _ = create_key(name="alpha-key", team=alpha, deployments=[deployment],
+                            all_deployments=False, limits={}, user=users["admin"])
+        create_key(name="bravo-key", team=bravo, deployments=[other], all_deployments=False,
+                   limits={}, user=users["outsider"])
+        entry = record("deployment.edit", deployment, before={"concurrency": 1},
+                       after={"concurrency": 2})
+    _process(other, 9102)
+    _gate(other)
+    variant = worker.variant
+    node = Node.objects.get(is_local=True)
+    job = QuantizationJob.objects.create(base=deployment.base_model, source=variant, name="w8",
+                                         path=str(tmp_path / "w8"), scheme="w8a8", method="gptq",
+                                         state=QuantizationJob.State.FAILED)
+    measurement = VariantMeasurement.objects.create(variant=variant, node=node, dtype="float32",
+                                                    state=VariantMeasurement.State.DONE)
+    tokens = {name: token_for(user) for name, user in users.items()}
+    viewer_token_id = users["viewer"].api_tokens.get().pk
+    return World(alpha=alpha, bravo=bravo, **users, deployment=deployment, other_deployment=other,
+                 process=_process(deployment, 9002), key=key, gate=_gate(deployment),
+                 base_model=deployment.base_model, variant=variant, node=node, job=job,
+                 measurement=measurement, entry_id=entry.pk, tokens=tokens,
+                 viewer_token_id=viewer_token_id,
+                 spare_dir=str(write_model(tmp_path / "models" / "spare")))
