@@ -6,15 +6,21 @@ and refuses while any error stands.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from console.audit.entries import record, snapshot
 from console.checks.suite import Report, run_checks
+from console.control.worker_specs import kv_storage_path
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput, save_plan
+from console.gateway.services import keys_file_path
 from console.quality import services as quality
+from console.supervisor.models import ManagedProcess
 
 
 class Refused(Exception):
@@ -32,6 +38,10 @@ def plan_record(deployment: Deployment) -> dict[str, Any]:
         fields[f"worker {worker.slot}"] = snapshot(
             worker, exclude=("id", "deployment", "role", "index"))
     return fields
+
+
+class StillRunning(Exception):
+    """A deployment that runs, or has a process alive, is not deleted."""
 
 
 def request_state(deployment: Deployment, desired: str) -> Deployment:
@@ -87,3 +97,33 @@ def preview(data: PlanInput, deployment: Deployment | None = None) -> Report:
         report = run_checks(save_plan(data, deployment))
         transaction.set_rollback(True)
     return report
+
+
+def delete(deployment: Deployment) -> None:
+    """Remove a stopped deployment: its plan, its processes' rows and logs, its router's keys
+    file and its KV directory. Its audit entries stay (they name it, they do not point at it).
+    Raises :class:`StillRunning` while it is wanted running or any of its processes is alive."""
+    with transaction.atomic():
+        # Locked, so that a start cannot slip in between the check and the delete.
+        locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        if locked.desired_state == Deployment.DesiredState.RUNNING:
+            raise StillRunning(f"{locked.name} is running: stop it first")
+        alive = sorted(locked.processes.filter(state__in=ManagedProcess.ALIVE_STATES)
+                       .values_list("slot", flat=True))
+        if alive:
+            raise StillRunning(f"{locked.name} is stopping: {', '.join(alive)} still alive; "
+                               "delete it once the supervisor has stopped them")
+        files = [keys_file_path(locked), kv_storage_path(locked),
+                 Path(settings.PDSERVE_LOG_DIR) / locked.name]
+        record("deployment.delete", locked, before=plan_record(locked), after={})
+        locked.delete()
+        # Only once the rows are gone for good: a rolled-back delete keeps its files.
+        transaction.on_commit(lambda: _remove(files))
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)

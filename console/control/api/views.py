@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -33,7 +34,7 @@ def _save(plan: PlanInput, deployment: Deployment | None = None) -> tuple[Deploy
 
 class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
                         viewsets.ReadOnlyModelViewSet):
-    """Plans: read, create and edit them (team admins); check, start and stop them (team
+    """Plans: read, create, edit and delete them (team admins); check, start and stop them (team
     operators)."""
 
     permission_classes = [TeamRole]
@@ -78,6 +79,16 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
         except lifecycle.Refused as exc:
             return refused(exc)
         return Response(self._read(deployment, checks=checks))
+
+    @extend_schema(responses={204: None, 409: OpenApiResponse(
+        description="it runs, or a process of it is alive; `detail` says which")})
+    def destroy(self, request: Request, *args: object, **kwargs: object) -> Response:
+        """Delete a stopped deployment with its processes' rows, keys file and KV directory."""
+        try:
+            lifecycle.delete(self.get_object())
+        except lifecycle.StillRunning as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @action(detail=True, methods=["post"])
     def check(self, request: Request, pk: str | None = None) -> Response:
