@@ -239,9 +239,9 @@ def test_stop_records_the_wish_and_answers_202(api: APIClient, deployment: Deplo
     assert deployment.desired_state == Deployment.DesiredState.STOPPED
 
 
-def test_deployments_cannot_be_deleted_or_renamed(api: APIClient, deployment: Deployment) -> None:
-    # Plans are edited over the API (tests/console/test_plans*.py); the name keys their logs.
-    assert api.delete(detail_url(deployment)).status_code == 405
+def test_deployments_cannot_be_renamed(api: APIClient, deployment: Deployment) -> None:
+    # Plans are edited over the API (tests/console/test_plans*.py), deleted once stopped
+    # (tests/console/test_deployment_delete.py); the name keys their logs.
     response = api.patch(detail_url(deployment), {"name": "renamed"}, format="json")
     assert response.status_code == 400
     assert "name" in response.json()
