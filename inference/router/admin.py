@@ -12,13 +12,13 @@ requests at once and is closed when its in-flight requests have finished (see ba
 from __future__ import annotations
 
 import hmac
-import json
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from yarl import URL
 
 from inference.router.backends import Backend
+from inference.router.client_input import parse_json
 from inference.router.keys_admin import KeysAdmin
 from inference.router.prompts import RequestError
 
@@ -70,12 +70,9 @@ class AdminAPI:
         if (denied := self._denied(request)) is not None:
             return denied
         try:
-            body = json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(400, f"malformed JSON body: {exc}")
-        if not isinstance(body, dict):
-            return _error(400, 'the body must be a JSON object {"role": ..., "url": ...}')
-        try:
+            body = parse_json(await request.read())
+            if not isinstance(body, dict):
+                raise RequestError(400, 'the body must be a JSON object {"role": ..., "url": ...}')
             role = self._role(body.get("role"))
             url = backend_url(body.get("url"))
         except RequestError as exc:

@@ -10,13 +10,13 @@ A new set applies from the next request; requests in flight keep the key they we
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict
 
 from aiohttp import web
 
+from inference.router.client_input import parse_json
 from inference.router.keys import Gatekeeper
 from inference.router.prompts import RequestError
 
@@ -51,11 +51,7 @@ class KeysAdmin:
         if (denied := self.denied(request)) is not None:
             return denied
         try:
-            data = json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return _error(RequestError(400, f"malformed JSON body: {exc}"))
-        try:
-            key_set = self.gate.replace(data)
+            key_set = self.gate.replace(parse_json(await request.read()))
         except RequestError as exc:
             return _error(exc)
         log.info("key set %s: %d keys, key %s", key_set.version, len(key_set.by_prefix),

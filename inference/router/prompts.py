@@ -103,6 +103,18 @@ class ParsedRequest:
         return self.prompt.token_ids
 
 
+def _require_text(text: str, param: str) -> str:
+    """``text``, if the tokenizer can take it: JSON's \\ud800 escapes give strings with lone
+    surrogates, which are not Unicode text and which the tokenizer refuses with an exception."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RequestError(400, f"'{param}' holds a lone surrogate (character {exc.start}), "
+                                    "which is not Unicode text", param=param) from None
+    return text
+
+
 def _require_type(body: dict[str, Any], name: str, kinds: tuple[type, ...], label: str) -> None:
     if name in body and body[name] is not None and (
         not isinstance(body[name], kinds) or isinstance(body[name], bool) and bool not in kinds
@@ -170,10 +182,13 @@ class PromptChecker:
             if not isinstance(message.get("role"), str):
                 raise RequestError(400, f"'messages[{index}].role' must be a string",
                                    param=f"messages[{index}].role")
+            _require_text(message["role"], f"messages[{index}].role")
             content = message.get("content")
             if content is not None and not isinstance(content, (str, list)):
                 raise RequestError(400, f"'messages[{index}].content' must be a string or a list",
                                    param=f"messages[{index}].content")
+            if isinstance(content, str):
+                _require_text(content, f"messages[{index}].content")
         try:
             rendered = self.tokenizer.apply_chat_template(
                 messages,
@@ -186,19 +201,22 @@ class PromptChecker:
             raise RequestError(400, f"cannot render 'messages' with the chat template: {exc}",
                                param="messages") from exc
         # What apply_chat_template(tokenize=True) does: the template itself places the special
-        # tokens, so none are added.
-        return Prompt(text=rendered, add_special_tokens=False, encode=self.encode)
+        # tokens, so none are added. Content parts and template arguments may hold surrogates too.
+        return Prompt(text=_require_text(rendered, "messages"), add_special_tokens=False,
+                      encode=self.encode)
 
     def _completion_prompt(self, body: dict[str, Any]) -> Prompt:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return Prompt(text=prompt, add_special_tokens=True, encode=self.encode)
+            return Prompt(text=_require_text(prompt, "prompt"), add_special_tokens=True,
+                          encode=self.encode)
         if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
             return Prompt(ids=list(prompt))
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            return Prompt(text=prompt[0], add_special_tokens=True, encode=self.encode)
+            return Prompt(text=_require_text(prompt[0], "prompt[0]"), add_special_tokens=True,
+                          encode=self.encode)
         raise RequestError(
             400, "'prompt' must be a string or a list of token ids (one prompt per request)",
             param="prompt",

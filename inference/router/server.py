@@ -31,6 +31,7 @@ from inference.router.backends import (
     probe_forever,
 )
 from inference.router.calls import WorkerCalls
+from inference.router.client_input import openai_errors, parse_json
 from inference.router.config import RouterConfig, build_parser, config_from_args
 from inference.router.forward import Forwarder
 from inference.router.handoff import PrefillStage
@@ -109,7 +110,7 @@ class Router:
         await self.limiter.close()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[openai_errors])
         app.on_startup.append(self.start)
         app.on_cleanup.append(self.stop)
         app.router.add_get("/health", self.health)
@@ -282,11 +283,7 @@ class Router:
             return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes",
                                   request_id)
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error_response(400, f"malformed JSON body: {exc}", request_id)
-        try:
-            parsed = self.checker.parse(endpoint, body)
+            parsed = self.checker.parse(endpoint, parse_json(raw))
         except RequestError as exc:
             return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
         ticket = None
