@@ -104,6 +104,7 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
             raise serializers.ValidationError(exc.message_dict) from exc
         return Response(report.as_dict())
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def start(self, request: Request, pk: str | None = None) -> Response:
         deployment = self.get_object()
@@ -114,6 +115,7 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
         return Response(self._read(deployment, checks=report.as_dict()),
                         status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: str | None = None) -> Response:
         deployment = lifecycle.stop(self.get_object())

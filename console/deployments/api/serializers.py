@@ -80,6 +80,15 @@ class VariantField(serializers.RelatedField):
         return value.pk
 
 
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": 65535})
+class PortField(serializers.IntegerField):
+    """A TCP port, its bounds stated in the schema and judged by the plan's own validator (the
+    message the plan form shows too)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(validators=[validate_port], **kwargs)
+
+
 class InstanceSerializer(serializers.Serializer):
     """One worker of a pool; what is left out is proposed (free ports, free devices)."""
 
@@ -89,9 +98,8 @@ class InstanceSerializer(serializers.Serializer):
                                       validators=[validate_core_list])
     gpu_indices = serializers.CharField(required=False, allow_blank=True, max_length=200,
                                         validators=[validate_core_list])
-    port = serializers.IntegerField(required=False, validators=[validate_port])
-    side_channel_port = serializers.IntegerField(required=False, allow_null=True,
-                                                 validators=[validate_port])
+    port = PortField(required=False)
+    side_channel_port = PortField(required=False, allow_null=True)
     share_devices = serializers.BooleanField(required=False, default=False)
 
 
@@ -101,7 +109,7 @@ class PoolSerializer(serializers.Serializer):
 
 
 class RouterSerializer(serializers.Serializer):
-    port = serializers.IntegerField(required=False, validators=[validate_port])
+    port = PortField(required=False)
     prefill_policy = serializers.ChoiceField(choices=Deployment.RoutingPolicy.choices,
                                              required=False)
     decode_policy = serializers.ChoiceField(choices=Deployment.RoutingPolicy.choices,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.fleet.discovery import connector_name
@@ -10,6 +11,11 @@ from inference.kv_channels import CHANNEL_NAMES
 
 # Each entry replaces the GPU list as a whole, a PATCH's too.
 GPU_REQUIRED = ("index", "memory_gib")
+
+
+@extend_schema_field({"type": "string", "anyOf": [{"format": "ipv4"}, {"format": "ipv6"}]})
+class IPAddressField(serializers.IPAddressField):
+    """An IPv4 or IPv6 address, so stated in the schema (DRF's field states only a string)."""
 
 
 class GpuSerializer(serializers.ModelSerializer):
@@ -31,6 +37,7 @@ class GpuSerializer(serializers.ModelSerializer):
 class NodeSerializer(serializers.ModelSerializer):
     """A node as read, and as written when added by hand (the local node is discovered)."""
 
+    address = IPAddressField(help_text=Node._meta.get_field("address").help_text)
     cpu_count = serializers.IntegerField(min_value=1, max_value=4096)
     memory_gib = serializers.FloatField(min_value=0.1, max_value=MAX_NODE_MEMORY_BYTES / GIB)
     kv_connectors = serializers.ListField(

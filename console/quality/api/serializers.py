@@ -65,8 +65,9 @@ class MeasurementSerializer(serializers.ModelSerializer):
     variant = serializers.CharField(source="variant.__str__")
     variant_id = serializers.IntegerField()
     node = serializers.CharField(source="node.name")
-    agreement = serializers.FloatField()
-    mean_abs_logprob_delta = serializers.FloatField(source="mean_delta")
+    # None until the measurement's gate has run.
+    agreement = serializers.FloatField(allow_null=True)
+    mean_abs_logprob_delta = serializers.FloatField(source="mean_delta", allow_null=True)
 
     class Meta:
         model = VariantMeasurement
