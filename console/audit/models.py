@@ -35,9 +35,11 @@ class AuditEntry(models.Model):
 
     at = models.DateTimeField(default=timezone.now, db_index=True)
     actor = models.CharField(max_length=16, choices=Actor.choices)
+    # PROTECT: a user with entries is deactivated, never deleted (deleting would have to
+    # change the entries, which are append-only); the admin says so instead of failing.
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                             on_delete=models.SET_NULL, related_name="+")
-    # Kept as text too: a deleted user's entries still name them.
+                             on_delete=models.PROTECT, related_name="+")
+    # Kept as text too, as written at the time.
     username = models.CharField(max_length=150, blank=True)
     # The public prefix of the API token used, or the command's or daemon's name.
     via = models.CharField(max_length=100, blank=True)

@@ -13,11 +13,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from django.db.models import ProtectedError
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from console.accounts.models import Membership, Role, Team
+from console.audit.actors import acting_as
+from console.audit.entries import record
 from console.audit.models import AppendOnly, AuditEntry
 
 pytestmark = pytest.mark.django_db
@@ -339,3 +342,12 @@ def test_the_list_export_and_page_queries_do_not_grow_with_entries(
     for minute in range(30):
         entry("deployment.start", by=alice, team=teams["red"], minutes=minute)
     assert counts() == few
+
+
+def test_a_user_with_entries_cannot_be_deleted_only_deactivated() -> None:
+    user = User.objects.create_user("leaver", "", "pw")
+    with acting_as("command", "test", user=user):
+        record("user.edit", user, before={"first_name": ""}, after={"first_name": "L"})
+    with pytest.raises(ProtectedError):
+        user.delete()
+    assert AuditEntry.objects.filter(username="leaver").count() == 1
