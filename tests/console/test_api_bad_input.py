@@ -103,3 +103,12 @@ def test_a_model_validation_error_is_a_400_keyed_by_its_fields() -> None:
     response = exception_handler(ValidationError("the plan as a whole"), {})
     assert response is not None and response.status_code == 400
     assert response.data == {"non_field_errors": ["the plan as a whole"]}
+
+
+def test_the_smallest_memory_the_api_states_reads_back_within_its_bounds(api: APIClient) -> None:
+    # Found by schemathesis's response check: 0.1 GiB stored truncated read back as 0.0999...
+    response = api.post("/api/v1/nodes/", {**NODE, "memory_gib": 0.1}, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["memory_gib"] >= 0.1
+    node = api.get(f"/api/v1/nodes/{response.json()['id']}/").json()
+    assert node["memory_gib"] >= 0.1

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -11,6 +12,12 @@ from inference.kv_channels import CHANNEL_NAMES
 
 # Each entry replaces the GPU list as a whole, a PATCH's too.
 GPU_REQUIRED = ("index", "memory_gib")
+
+
+def to_bytes(gib: float) -> int:
+    """Rounded up, so that the GiB read back are never fewer than written: 0.1 GiB truncated
+    read back as 0.0999..., under the minimum the API states."""
+    return math.ceil(gib * GIB)
 
 
 @extend_schema_field({"type": "string", "anyOf": [{"format": "ipv4"}, {"format": "ipv6"}]})
@@ -64,11 +71,11 @@ class NodeSerializer(serializers.ModelSerializer):
         if "cpu_count" in data:
             data["cpu_ids"] = list(range(data.pop("cpu_count")))
         if "memory_gib" in data:
-            data["memory_bytes"] = int(data.pop("memory_gib") * GIB)
+            data["memory_bytes"] = to_bytes(data.pop("memory_gib"))
         if "gpus" in data:
             data["gpus"] = [
                 {**{k: v for k, v in gpu.items() if k != "memory_gib"},
-                 "memory_bytes": int(gpu["memory_gib"] * GIB)}
+                 "memory_bytes": to_bytes(gpu["memory_gib"])}
                 for gpu in data["gpus"]
             ]
         return data
