@@ -11,8 +11,8 @@ from console.accounts.roles import User, visible
 from console.deployments.models import Deployment
 from console.live.groups import deployment_group, process_group
 from console.live.hub import ensure_hub
-from console.supervisor.access import visible_processes
 from console.supervisor.models import ManagedProcess
+from console.supervisor.visibility import visible_processes
 
 # Application close codes (4000-4999): the browser shows why it was refused.
 CLOSE_UNAUTHENTICATED = 4401

@@ -17,8 +17,8 @@ from console.deployments.models import Deployment
 from console.live import metrics_export
 from console.live.api.views import WINDOWS
 from console.live.timeline import find_request
-from console.supervisor.access import visible_processes
 from console.supervisor.models import ManagedProcess
+from console.supervisor.visibility import visible_processes
 
 
 def _deployment(request: HttpRequest, name: str) -> Deployment:

@@ -68,7 +68,7 @@ def advice_panel(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def measure(request: HttpRequest, name: str) -> HttpResponse:
     """Measure a variant of the deployment's model on a role's node, from the plan page's
-    advice table: the deployment's operators may (console/quality/access.py)."""
+    advice table: the deployment's operators may (console/quality/measure_permission.py)."""
     deployment = _deployment(request, name, Role.OPERATOR)
     variant = get_object_or_404(Variant, pk=request.POST.get("variant") or 0,
                                 base=deployment.base_model_id)

@@ -1,6 +1,6 @@
 """Gates and measurements by role: a deployment's gate results are its team's to read and its
 operators' to run (404 to anyone else); a variant is measured by a superuser or an operator of
-a team with a deployment of its model (console/quality/access.py); each run or start writes one
+a team with a deployment of its model (console/quality/measure_permission.py); each run or start writes one
 audit entry."""
 
 from __future__ import annotations

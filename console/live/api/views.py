@@ -25,8 +25,8 @@ from console.deployments.models import Deployment
 from console.live.api.serializers import LogPageSerializer, MetricHistorySerializer
 from console.live.downsample import SECOND_RETENTION, floor_minute, merge, minute_buckets
 from console.live.models import LogLine, MetricSample
-from console.supervisor.access import visible_processes
 from console.supervisor.models import ManagedProcess
+from console.supervisor.visibility import visible_processes
 
 # Log lines in one answer at most.
 MAX_PAGE = 2000

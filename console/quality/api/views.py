@@ -19,7 +19,6 @@ from console.deployments.models import Deployment
 from console.fleet.models import Node
 from console.fleet.services import local_node
 from console.quality import services
-from console.quality.access import may_measure
 from console.quality.api.serializers import (
     DeploymentGateSerializer,
     GateResultSerializer,
@@ -27,6 +26,7 @@ from console.quality.api.serializers import (
     gate_summary,
 )
 from console.quality.measure import MeasureRefused, queue_measurement
+from console.quality.measure_permission import may_measure
 from console.quality.models import GateResult, VariantMeasurement
 from console.query_params import MAX_ID, bounded_int
 
@@ -90,7 +90,7 @@ class MeasureSerializer(serializers.Serializer):
 class MeasurementAccess(BasePermission):
     """Measurements are of shared variants: anyone signed in reads them. Starting one needs
     the operator role in some team (or a superuser); ``create`` checks the variant's
-    (console/quality/access.py)."""
+    (console/quality/measure_permission.py)."""
 
     message = "measuring a variant needs the operator role in a team with a deployment of its model"
 

@@ -6,9 +6,9 @@ from rest_framework import viewsets
 
 from console.accounts.permissions import TeamRole
 from console.query_params import MAX_ID, bounded_int
-from console.supervisor.access import team_of, visible_processes
 from console.supervisor.api.serializers import ProcessRowSerializer
 from console.supervisor.models import ManagedProcess
+from console.supervisor.visibility import team_of, visible_processes
 
 
 @extend_schema_view(list=extend_schema(parameters=[OpenApiParameter(
