@@ -23,6 +23,18 @@ EXPORT_RENDERERS: list[type[BaseRenderer]] = [JSONLinesRenderer, CSVRenderer]
 EXPORT_FORMATS = [renderer.format for renderer in EXPORT_RENDERERS]
 
 
+class ExportResponse(Response):
+    """A page of the export. DRF drops the Content-Type of an empty body, but an empty page of
+    JSON lines is still JSON lines (and the schema says so)."""
+
+    @property
+    def rendered_content(self) -> bytes:
+        content = super().rendered_content
+        if not content:
+            self["Content-Type"] = f"{self.accepted_media_type}; charset={self.accepted_renderer.charset}"
+        return content
+
+
 def _filter_schema(field: forms.Field) -> dict[str, Any]:
     if isinstance(field, forms.DateTimeField):
         return {"type": "string", "format": "date-time"}
@@ -76,7 +88,7 @@ class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
         headers = {"X-Total-Count": str(paginator.count)}
         if links:
             headers["Link"] = ", ".join(links)
-        return Response(self.get_serializer(entries, many=True).data, headers=headers)
+        return ExportResponse(self.get_serializer(entries, many=True).data, headers=headers)
 
     def get_renderer_context(self) -> dict[str, Any]:
         return {**super().get_renderer_context(),
