@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from console.audit.context import acting_as
+from console.audit.actors import acting_as
 from console.catalog.models import QuantizationJob, Variant
 from console.catalog.services import RegistrationError, register_variant
 from console.celery import app

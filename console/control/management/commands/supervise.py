@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from console.audit.context import acting_as
+from console.audit.actors import acting_as
 from console.control.daemon import Supervisor
 from console.gateway.sync import KeySync
 from console.supervisor.models import ManagedProcess
