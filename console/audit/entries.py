@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import models
 
-from console.audit.context import current_actor
+from console.audit.actors import current_actor
 from console.audit.models import AuditEntry
 
 MASK = "********"

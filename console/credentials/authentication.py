@@ -12,7 +12,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from console.audit.context import TOKEN_ATTRIBUTE
+from console.audit.actors import TOKEN_ATTRIBUTE
 from console.credentials.models import ApiToken
 from console.credentials.services import TokenRefused, accepted_token, note_use
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from django.contrib.auth.models import User
 
 from console.accounts.models import Membership, Role, Team
-from console.audit.context import acting_as
+from console.audit.actors import acting_as
 from console.audit.entries import record
 from console.catalog.models import BaseModel, QuantizationJob, Variant
 from console.deployments.defaults import ensure_default_deployment

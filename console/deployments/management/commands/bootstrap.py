@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from console.accounts.models import Membership, Role
 from console.accounts.roles import default_team
-from console.audit.context import acting_as
+from console.audit.actors import acting_as
 from console.audit.entries import record
 from console.deployments.defaults import ensure_default_deployment
 from console.env import env_secret, env_str
