@@ -37,7 +37,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         except TokenRefused as refused:
             raise exceptions.AuthenticationFailed(str(refused)) from refused
         note_use(token, now)
-        # The audit log names the token a change was made with (console/audit/context.py).
+        # The audit log names the token a change was made with (console/audit/actors.py).
         setattr(request._request, TOKEN_ATTRIBUTE, token)
         return token.user, token
 
