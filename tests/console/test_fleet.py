@@ -44,7 +44,8 @@ def test_the_local_node_is_discovered_from_this_machine() -> None:
 
 def test_the_local_node_is_rediscovered_only_when_its_facts_are_old() -> None:
     node = local_node()
-    Node.objects.filter(pk=node.pk).update(memory_bytes=1)
+    # Fresh facts, whenever the row was written (an earlier test's server may have made it).
+    Node.objects.filter(pk=node.pk).update(memory_bytes=1, discovered_at=timezone.now())
     assert refresh_local_node().memory_bytes == 1
     Node.objects.filter(pk=node.pk).update(discovered_at=timezone.now() - timedelta(minutes=5))
     # Reading never rediscovers, however old the facts: the daemon's refresh does.
