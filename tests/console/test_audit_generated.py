@@ -24,6 +24,7 @@ from console.fleet.services import local_node
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port
 from tests.console.test_permissions_generated import KINDS, PUBLIC, call, client_for, values
+from tests.console.test_plans import form_data
 from tests.console.tiny_models import register
 from tests.console.url_list import UNSAFE, fill, is_api
 from tests.console.world import World, build_world
@@ -52,31 +53,7 @@ def _plan(w: World, name: str = "audited") -> dict[str, Any]:
 
 
 def _plan_form(w: World, name: str = "audited-form") -> dict[str, Any]:
-    node = local_node()
-    data: dict[str, Any] = {
-        "name": name, "team": str(w.alpha.pk), "base_model": str(w.base_model.pk),
-        "served_model_name": "tiny", "mode": "pd", "max_model_len": "2048",
-        "longest_request": "1024", "concurrency": "8", "kv_channel": "shared-storage",
-        "kv_cache_gib": "1", "block_size": "", "kv_cache_dtype": "auto", "dtype": "bfloat16",
-        "engine_version": node.engine_version, "sampling_defaults": "{}",
-        "router_port": str(free_port()), "prefill_policy": "least_outstanding",
-        "decode_policy": "least_outstanding", "pd_policy": "pd_adaptive",
-        "stall_budget_ms": "250", "kv_load_failure": "fail", "gate_mode": "auto",
-        "gate_prompts": "8", "gate_min_agreement": "0.9", "gate_max_mean_delta": "0.5",
-        "gate_action": "block",
-    }
-    for role, core in (("prefill", node.cpu_ids[0]), ("decode", node.cpu_ids[-1]),
-                       ("colocated", None)):
-        data[f"{role}-variant"] = str(w.variant.pk)
-        count = 0 if core is None else 1
-        data.update({f"{role}-instances-TOTAL_FORMS": str(count),
-                     f"{role}-instances-INITIAL_FORMS": "0"})
-        if count:
-            data.update({f"{role}-instances-0-node": str(node.pk),
-                         f"{role}-instances-0-cpu_cores": str(core),
-                         f"{role}-instances-0-port": str(free_port()),
-                         f"{role}-instances-0-side_channel_port": str(free_port())})
-    return data
+    return form_data(w.variant, local_node(), name=name, team=str(w.alpha.pk))
 
 
 def _edit_form(w: World) -> dict[str, Any]:
