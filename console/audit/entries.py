@@ -95,3 +95,12 @@ def record(action: str, obj: models.Model | None = None, *,
         via=actor.via, address=actor.address, action=action, object_type=object_type,
         object_id=str(object_id or ""), object_repr=object_repr[:200], team_id=team_id,
         changes=diff(before or {}, after or {}))
+
+
+def delete_recorded(action: str, obj: models.Model, before: Mapping[str, Any]) -> AuditEntry:
+    """Delete ``obj`` and write its entry, naming it as it was (its id is gone afterwards)."""
+    object_type, object_id, object_repr = obj._meta.label_lower, obj.pk, str(obj)
+    team_id = getattr(obj, "team_id", None)
+    obj.delete()
+    return record(action, object_type=object_type, object_id=object_id,
+                  object_repr=object_repr, team_id=team_id, before=before)

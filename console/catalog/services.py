@@ -14,7 +14,7 @@ from django.db.models import ProtectedError
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from console.audit.entries import record, snapshot
+from console.audit.entries import delete_recorded, record, snapshot
 from console.catalog.hashing import hash_variant_weights
 from console.catalog.inspection import InspectionError, ModelInspection, inspect_model_dir
 from console.catalog.models import BaseModel, Variant
@@ -75,10 +75,7 @@ def edit_base_model(model: BaseModel, changes: dict[str, Any]) -> BaseModel:
 @transaction.atomic
 def delete_base_model(model: BaseModel) -> None:
     """ProtectedError while a variant or a deployment refers to it."""
-    before, pk, name = snapshot(model, MODEL_FIELDS), model.pk, str(model)
-    model.delete()
-    record("model.delete", object_type=BaseModel._meta.label_lower, object_id=pk,
-           object_repr=name, before=before)
+    delete_recorded("model.delete", model, snapshot(model, MODEL_FIELDS))
 
 
 @transaction.atomic
@@ -96,10 +93,7 @@ def rename_variant(variant: Variant, name: str) -> Variant:
 @transaction.atomic
 def delete_variant(variant: Variant) -> None:
     """Forget the variant (its directory stays on disk); ProtectedError while a plan uses it."""
-    before, pk, name = snapshot(variant, VARIANT_FIELDS), variant.pk, str(variant)
-    variant.delete()
-    record("variant.delete", object_type=Variant._meta.label_lower, object_id=pk,
-           object_repr=name, before=before)
+    delete_recorded("variant.delete", variant, snapshot(variant, VARIANT_FIELDS))
 
 
 @transaction.atomic

@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from console.audit.entries import record, snapshot
+from console.audit.entries import delete_recorded, record, snapshot
 from console.fleet.discovery import NodeFacts, local_facts
 from console.fleet.models import Gpu, Node
 
@@ -104,7 +104,4 @@ def save_manual_node(node: Node | None, data: dict[str, object]) -> Node:
 @transaction.atomic
 def delete_manual_node(node: Node) -> None:
     """ProtectedError while a plan places workers on it."""
-    before, pk, name = node_record(node), node.pk, str(node)
-    node.delete()
-    record("node.delete", object_type=Node._meta.label_lower, object_id=pk, object_repr=name,
-           before=before)
+    delete_recorded("node.delete", node, node_record(node))
