@@ -1,7 +1,8 @@
 """One real stack per test session: the console, the supervisor, the default deployment's two
 vLLM workers and the router, plus one plain vLLM server as the reference for output equality.
 
-Each vLLM server takes 1-2 minutes to start on this CPU, so they start once and in parallel.
+Each vLLM server takes 1-2 minutes to start on this CPU, so they start once: the deployment's
+two together, then the reference.
 """
 
 from __future__ import annotations
@@ -110,9 +111,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         sampling_defaults={"temperature": 0.0}, data_dir=str(data_dir),
     ))
     reference_log = open(data_dir / "reference.log", "wb")  # noqa: SIM115
-    reference = subprocess.Popen(reference_argv, env={**os.environ, **reference_env},
-                                 stdout=reference_log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+    reference: subprocess.Popen[bytes] | None = None
     console = subprocess.Popen([sys.executable, "manage.py", "up", "--no-start"], cwd=REPO,
                                env=env)
     try:
@@ -125,10 +124,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         default = next(d for d in deployments if d["name"] == "smollm2-1p1d")
         stack = Stack(console=console_url, token=token, deployment_id=default["id"],
                       router=default["router_url"], reference=f"http://127.0.0.1:{reference_port}",
-                      data_dir=data_dir, reference_pid=reference.pid)
+                      data_dir=data_dir, reference_pid=0)
         with stack.api() as client:
             client.post(f"/api/v1/deployments/{stack.deployment_id}/start").raise_for_status()
+        # The reference starts once the deployment is ready, not beside it: three vLLM servers
+        # compiling at once on two cores took over 7 minutes on a loaded CI machine.
         stack.wait_for_state("ready")
+        reference = subprocess.Popen(reference_argv, env={**os.environ, **reference_env},
+                                     stdout=reference_log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        stack.reference_pid = reference.pid
         _wait_http(f"{stack.reference}/health", START_TIMEOUT_S, reference)
         yield stack
     finally:
@@ -137,6 +142,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
             console.wait(timeout=60)
         except subprocess.TimeoutExpired:
             console.kill()
-        os.killpg(reference.pid, signal.SIGKILL)
-        reference.wait()
+        if reference is not None:
+            os.killpg(reference.pid, signal.SIGKILL)
+            reference.wait()
         reference_log.close()

@@ -4,8 +4,9 @@ admin token shows in no argv, log line or answer.
 The borrowed deployment (tests/borrowed.py) has the default deployment's shape: one prefill and
 one decode vLLM worker with the shared-storage KV channel, a router, and the console, supervisor
 and job worker of `manage.py up`; only the model differs (a tiny random-weight Llama). Every
-process of that tree is read, vLLM's engine cores included. A second test switches the same
-deployment to the NIXL channel, whose workers open side channels and UCX listeners as well.
+process of that tree is read, vLLM's engine cores included. The NIXL channel's workers, which
+open side channels and UCX listeners as well, are read in tests/e2e/test_nixl.py, on the NIXL
+pair that file starts anyway.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.borrowed import FACILITY, Handle, plan_body
+from tests.borrowed import FACILITY, Handle
 
 pytestmark = pytest.mark.vllm
 
@@ -142,26 +143,3 @@ def test_nothing_listens_wide_and_the_admin_token_stays_in_the_environment(
         assert not leaks(token, path.read_bytes()), f"{path} holds the admin token"
     for source, answer in {**console_answers(borrowed), **router_answers(borrowed, token)}.items():
         assert not leaks(token, answer), f"{source} answers with the admin token"
-
-
-def test_a_nixl_deployment_listens_on_loopback_only(borrowed: Handle) -> None:
-    # Side channels and UCX listeners are NIXL's: switch the plan (put-back restores it).
-    body = plan_body(borrowed.deployment())
-    body["kv_channel"] = "nixl"
-    assert borrowed.call("POST", f"/api/v1/deployments/{borrowed.deployment_id}/stop").status_code == 202
-    borrowed.wait_for_state("stopped", timeout_s=90)
-    updated = borrowed.call("PUT", f"/api/v1/deployments/{borrowed.deployment_id}/", json=body)
-    assert updated.status_code == 200, updated.text
-    assert borrowed.call("POST", f"/api/v1/deployments/{borrowed.deployment_id}/start").status_code == 202
-    deployment = borrowed.wait_for_state("ready")
-    assert deployment["kv_channel"] == "nixl"
-    answer = borrowed.complete(max_tokens=4)
-    assert answer.status_code == 200, answer.text
-
-    sockets = assert_nothing_listens_wide(borrowed)
-    ports = {port for *_, port in sockets}
-    side_channels = {worker["side_channel_port"] for worker in deployment["workers"]}
-    assert side_channels <= ports, f"side channels {sorted(side_channels)} not listening"
-    print(f"\nNIXL: {len(sockets)} bound sockets:")
-    for entry in sorted(sockets, key=lambda s: s[3]):
-        print("  ", *entry)

@@ -6,6 +6,7 @@ NIXL's progress thread busy-polls about one core per idle worker."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from inference.launch import WorkerSpec, build_command
@@ -25,6 +27,7 @@ from tests.console.sockets import free_port
 from tests.e2e.conftest import START_TIMEOUT_S, Stack, _wait_http
 from tests.e2e.stale_prefill import StaleHandoffPrefill
 from tests.e2e.test_default_deployment import LONG_PROMPT
+from tests.e2e.test_listening_sockets import bound_sockets
 
 pytestmark = pytest.mark.vllm
 
@@ -35,6 +38,9 @@ class NixlPair:
     decode: str
     prefill_side_port: int
     logs: Path
+    # The pair's session leaders: prefill, decode and router, each with its children.
+    pids: tuple[int, ...]
+    side_channel_ports: tuple[int, ...]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +80,8 @@ def nixl_pair(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFa
         stdout=router_log, stderr=subprocess.STDOUT, start_new_session=True))
     pair = NixlPair(router=f"http://127.0.0.1:{router_port}",
                     decode=f"http://127.0.0.1:{decode_port}", prefill_side_port=prefill_side,
-                    logs=logs)
+                    logs=logs, pids=tuple(p.pid for p in processes),
+                    side_channel_ports=(prefill_side, decode_side))
     try:
         for port, process in ((prefill_port, processes[0]), (decode_port, processes[1])):
             _wait_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT_S, process)
@@ -118,6 +125,23 @@ def test_the_router_handed_kv_over_once_before_it_reported_healthy(nixl_pair: Ni
     assert pair["state"] == "warm" and pair["decode"] == nixl_pair.decode
     router_log = (nixl_pair.logs / "router.log").read_text()
     assert "hand-off of 256 tokens done" in router_log, router_log[-2000:]
+
+
+def test_the_nixl_pair_listens_on_loopback_only(nixl_pair: NixlPair) -> None:
+    # NIXL opens more than the shared-storage channel: side channels and UCX listeners, in the
+    # workers and in vLLM's engine cores (children of the session leaders).
+    tree = set(nixl_pair.pids)
+    for pid in nixl_pair.pids:
+        tree |= {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    sockets = bound_sockets(tree)
+    outward = [s for s in sockets if not ipaddress.ip_address(s[2]).is_loopback]
+    assert not outward, "bound beyond loopback:\n" + "\n".join(map(str, outward))
+    ports = {port for *_, port in sockets}
+    assert set(nixl_pair.side_channel_ports) <= ports, \
+        f"side channels {nixl_pair.side_channel_ports} not among {sorted(ports)}"
+    print(f"\nNIXL: {len(sockets)} bound sockets of {len(tree)} processes:")
+    for entry in sorted(sockets, key=lambda s: s[3]):
+        print("  ", *entry)
 
 
 def test_nixl_chat_streams_through_the_router(nixl_pair: NixlPair) -> None:
