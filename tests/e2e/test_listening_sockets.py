@@ -55,16 +55,20 @@ def planned_addresses(deployment: dict[str, Any]) -> set[str]:
     return {deployment["router"]["host"], *(worker["host"] for worker in deployment["workers"])}
 
 
-def assert_nothing_listens_wide(handle: Handle) -> list[tuple[str, str, str, int]]:
-    deployment = handle.deployment()
-    named = planned_addresses(deployment)
-    sockets = bound_sockets(FACILITY.pids())
+def assert_bound_within(sockets: list[tuple[str, str, str, int]], named: set[str]) -> None:
+    """No socket on a wildcard or an outward address that ``named`` does not list."""
     wide = [s for s in sockets if s[2] in WILDCARDS and s[2] not in named]
     assert not wide, "bound to every address although the plan names " \
                      f"{sorted(named)}:\n" + "\n".join(map(str, wide))
     # Beyond the wildcards: nothing on an outward address either.
     outward = [s for s in sockets if s[2] not in named and not ipaddress.ip_address(s[2]).is_loopback]
     assert not outward, "\n".join(map(str, outward))
+
+
+def assert_nothing_listens_wide(handle: Handle) -> list[tuple[str, str, str, int]]:
+    deployment = handle.deployment()
+    sockets = bound_sockets(FACILITY.pids())
+    assert_bound_within(sockets, planned_addresses(deployment))
     ports = {port for *_, port in sockets}
     planned = {deployment["router"]["port"], *(w["port"] for w in deployment["workers"])}
     assert planned <= ports, f"planned ports {sorted(planned)} not all seen among {sorted(ports)}"
