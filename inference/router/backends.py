@@ -12,6 +12,7 @@ finished, then closes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from inference.router.policies import Choice, LeastOutstanding, Policy
+
+log = logging.getLogger("pdserve.router.backends")
 
 
 @dataclass(eq=False)
@@ -41,6 +44,12 @@ class Backend:
     def mark(self, healthy: bool, error: str = "") -> None:
         if healthy != self.healthy:
             self.last_change = time.monotonic()
+            # Each change, with its reason: a worker that leaves rotation under load (missed
+            # probes) and the warm-up redone on its return are otherwise invisible in the log.
+            if healthy:
+                log.info("%s %s in rotation", self.role, self.url)
+            else:
+                log.warning("%s %s out of rotation: %s", self.role, self.url, error or "not ready")
         self.healthy = healthy
         self.last_error = error
 
@@ -51,8 +60,12 @@ class Backend:
         if self.failures < threshold or time.monotonic() < self.open_until:
             return False
         self.open_until = time.monotonic() + cooldown_s
-        self.mark(False, f"circuit open: {self.failures} failed calls in a row; "
-                         f"probed again after {cooldown_s:g} s")
+        reason = (f"circuit open: {self.failures} failed calls in a row; probed again after "
+                  f"{cooldown_s:g} s")
+        if not self.healthy:
+            # Already out (a refused connection marked it): mark() logs changes only.
+            log.warning("%s %s: %s", self.role, self.url, reason)
+        self.mark(False, reason)
         return True
 
     def call_succeeded(self) -> None:
@@ -164,8 +177,22 @@ async def close_sessions(pools: list[Pool]) -> None:
 
 # A busy worker (say, a long prefill on a saturated core) can miss a probe's deadline while it
 # is perfectly able to serve; only this many slow probes in a row take it out. A refused
-# connection or an error status is no such doubt and takes it out at once.
-SLOW_PROBES_TO_FAIL = 3
+# connection or an error status is no such doubt and takes it out at once. Two, with probes at a
+# fixed rate (see probe_forever): a frozen worker (SIGSTOP, a hung host) is out within 3 probe
+# intervals, under 3 s at the default 1 s; three took 5-7 s, measured in the fault matrix.
+SLOW_PROBES_TO_FAIL = 2
+# A probe's deadline, as a share of the interval: a timed-out round still leaves time before the
+# next one starts, so the rounds keep their rate. A frozen worker is out 1.6-2.6 s after it froze
+# at the default interval (3.1 s was measured with 0.8 on a machine at load 13).
+PROBE_TIMEOUT_SHARE = 0.6
+
+
+# A probe whose timeout fired this much later than its deadline says nothing about the worker:
+# the router's own event loop was held up (a long synchronous step, or the router's process
+# starved of CPU), so the answer may have been waiting. Seen on 2 cores with two NIXL workers
+# busy-polling: prefill and decode "timed out" in the same millisecond and the prefill answered
+# its next probe 7 ms later.
+PROBE_LATE_S = 0.25
 
 
 async def probe(backend: Backend, timeout_s: float) -> None:
@@ -174,6 +201,7 @@ async def probe(backend: Backend, timeout_s: float) -> None:
         # open breaker keeps its backend out until the cool-down ends, then the probe decides
         # (half-open: one more failed call opens it again).
         return
+    started = time.monotonic()
     try:
         async with backend.client().get(
             "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
@@ -182,6 +210,11 @@ async def probe(backend: Backend, timeout_s: float) -> None:
             backend.slow_probes = 0
             backend.mark(ok, "" if ok else f"/health {response.status}")
     except TimeoutError:
+        late_s = time.monotonic() - started - timeout_s
+        if late_s > PROBE_LATE_S:
+            log.info("%s %s: /health probe inconclusive, the router itself was %.1f s late",
+                     backend.role, backend.url, late_s)
+            return
         backend.slow_probes += 1
         if backend.slow_probes >= SLOW_PROBES_TO_FAIL or not backend.healthy:
             backend.mark(False, f"/health timed out {backend.slow_probes} times in a row")
@@ -191,9 +224,13 @@ async def probe(backend: Backend, timeout_s: float) -> None:
 
 
 async def probe_forever(pools: list[Pool], interval_s: float) -> None:
+    timeout_s = max(interval_s * PROBE_TIMEOUT_SHARE, 0.5)
     while True:
+        started = time.monotonic()
         # The member lists are read afresh each round: the admin API changes them at run time.
         await asyncio.gather(
-            *(probe(b, timeout_s=max(interval_s, 0.5)) for pool in pools for b in pool.backends)
+            *(probe(b, timeout_s=timeout_s) for pool in pools for b in pool.backends)
         )
-        await asyncio.sleep(interval_s)
+        # Rounds start every interval, however long one took: a round that waited out a hung
+        # worker's deadline must not delay the next look at it.
+        await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,8 +27,6 @@ from inference.router.upstream import (
     upstream_message,
     worth_another_try,
 )
-
-log = logging.getLogger("pdserve.router")
 
 
 class WorkerCalls:
@@ -66,7 +63,7 @@ class WorkerCalls:
 
     @contextlib.asynccontextmanager
     async def post(self, backend: Backend, path: str, timeline: Timeline, *, retriable: bool,
-                   **request: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+                   method: str = "POST", **request: Any) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST to ``backend`` within what is left of the request's budget, counted in flight
         while it lasts. A connection-level failure, whenever it happens inside the block,
         tells passive health and becomes BackendFailure (``retriable`` if nothing reached the
@@ -74,7 +71,8 @@ class WorkerCalls:
         timeout = self.budget(timeline)
         backend.acquire()
         try:
-            async with backend.client().post(path, timeout=timeout, **request) as upstream:
+            async with backend.client().request(method, path, timeout=timeout,
+                                                **request) as upstream:
                 yield upstream
         except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             # ClientPayloadError: the worker died mid-body; not a ClientConnectionError subclass.
@@ -123,8 +121,8 @@ class WorkerCalls:
             self.call_failed(backend)
 
     def call_failed(self, backend: Backend) -> None:
-        # Timeouts are not counted: a slow worker is the probe's business (3 slow probes), and
-        # a request may run out of its own budget on a healthy worker.
+        # Timeouts are not counted: a slow worker is the probe's business (slow probes in a
+        # row), and a request may run out of its own budget on a healthy worker. The breaker's
+        # opening is logged by the backend, once.
         if backend.call_failed(self.config.breaker_failures, self.config.breaker_cooldown_s):
             self.metrics.breaker_opened.labels(backend.role, backend.url).inc()
-            log.warning("%s worker %s: %s", backend.role, backend.url, backend.last_error)

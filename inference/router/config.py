@@ -8,6 +8,7 @@ import os
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
+from pathlib import Path
 from typing import Any, get_type_hints
 
 from inference.kv_channels import CHANNEL_NAMES, uses_transfer_params
@@ -62,6 +63,13 @@ def setting(help: str, *, flag: str | None = None, env: str | None = None,
     return {SETTING: Setting(help, flag, env, choices, minimum, maximum, positive, urls, check)}
 
 
+def _readable_template(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--chat-template: cannot read {path}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     served_model_name: str = field(metadata=setting("model name clients send"))
@@ -90,6 +98,10 @@ class RouterConfig:
         "seconds to wait for a connection to a worker", flag="--connect-timeout"))
     health_interval_s: float = field(default=1.0, metadata=setting(
         "seconds between two health probes of a worker", flag="--health-interval"))
+    chat_template: str | None = field(default=None, metadata=setting(
+        "Jinja chat template file the workers were started with (their --chat-template), which "
+        "the router then renders chat prompts with instead of the model's own",
+        check=_readable_template))
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata=setting(
         "largest request body accepted; a larger one is answered with 413"))
     # A KV channel moves whole blocks only, so a prompt within one block has nothing worth a hand-off.
@@ -110,6 +122,10 @@ class RouterConfig:
     stall_budget_ms: float = field(default=250.0, metadata=setting(
         "pd_adaptive: the longest a decode worker's streams may pause for a prompt it prefills itself",
         positive=True))
+    degraded_mode: bool = field(default=True, metadata=setting(
+        "PD mode: while no prefill worker is ready, decode prefills prompts itself, and while no "
+        "decode worker is ready, prefill runs whole requests; this flag turns that off, and such "
+        "requests are answered 503", flag="--no-degraded-mode"))
     prefill_slots: int = field(default=1, metadata=setting(
         "pd_adaptive: remote prefills in flight per prefill worker; the rest wait in the router, "
         "shortest first with aging", minimum=1))
@@ -191,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
         if spec.urls:
             parser.add_argument(spec.name(f.name), dest=f.name, action="append", default=[], metavar="URL",
                                 help=spec.help)
+            continue
+        if types[f.name] is bool:
+            # A switch that sets the field to the opposite of its default.
+            parser.add_argument(spec.name(f.name), dest=f.name, help=spec.help, default=f.default,
+                                action="store_false" if f.default else "store_true")
             continue
         required = f.default is MISSING
         parser.add_argument(spec.name(f.name), dest=f.name, help=spec.help, required=required,

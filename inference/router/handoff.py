@@ -22,6 +22,12 @@ from inference.router.upstream import BackendFailure, RequestTimedOut, prompt_to
 log = logging.getLogger("pdserve.router")
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# What the one-token prefill call leaves out of the client's body: what shapes the answer
+# (streaming, logprobs, echo, several sequences) or constrains it (structured outputs), all of
+# which apply on decode, where the answer is made. Tools stay: they are part of the prompt.
+PREFILL_DROPPED = ("stream_options", "min_tokens", "n", "best_of", "logprobs", "top_logprobs",
+                   "echo", "prompt_logprobs", "response_format", "structured_outputs",
+                   "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 # What vLLM's NixlConnector expects on the prefill request to keep the KV for a remote decode.
 NIXL_PREFILL_PARAMS = {
     "do_remote_decode": True,
@@ -48,7 +54,7 @@ class PrefillStage:
         """Run the prompt on a prefill worker. Returns the body to send to decode and the
         prefill worker whose KV decode is to load (None when decode computes the prompt)."""
         body = dict(parsed.body)
-        for key in ("stream_options", "min_tokens", "n", "best_of"):
+        for key in PREFILL_DROPPED:
             body.pop(key, None)
         body.update(stream=False, max_tokens=1, return_token_ids=True)
         if parsed.endpoint == "chat":

@@ -70,6 +70,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "1 when the backend passes its health probe", ("role", "backend")),
     MetricSpec("pd_fallback", Counter, "pdserve_router_pd_fallback",
                "Requests decoded without prefilled KV, by reason", ("reason",)),
+    MetricSpec("degraded", Counter, "pdserve_router_degraded",
+               "Requests served in degraded mode because no worker of one role was ready: its "
+               "prompt prefilled on decode (missing_role=prefill), or the whole request run on "
+               "prefill (missing_role=decode)", ("missing_role",)),
     MetricSpec("backend_errors", Counter, "pdserve_router_backend_errors",
                "Failed calls to a backend, by role and kind", ("role", "kind")),
     MetricSpec("client_disconnects", Counter, "pdserve_router_client_disconnects",
@@ -126,6 +130,7 @@ class RouterMetrics:
     in_flight: Gauge
     backend_up: Gauge
     pd_fallback: Counter
+    degraded: Counter
     backend_errors: Counter
     client_disconnects: Counter
     kv_handoffs: Counter

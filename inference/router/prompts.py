@@ -18,7 +18,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from inference.router.chat_messages import (
+    WORKER_RENDERED_FIELDS,
+    content_format,
+    message_text,
+    plain_message,
+    well_formed,
+)
+
 log = logging.getLogger("pdserve.router")
+
+
+# The OpenAI SDK's exception for each status, which vLLM's error bodies name as their type:
+# a client that tells errors apart by type sees the router's as it sees vLLM's.
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+               404: "NotFoundError", 409: "ConflictError", 422: "UnprocessableEntityError",
+               429: "RateLimitError"}
+
+
+def error_type(status: int) -> str:
+    if status >= 500:
+        return "InternalServerError"
+    return ERROR_TYPES.get(status, "BadRequestError")
 
 
 class RequestError(Exception):
@@ -36,7 +57,7 @@ class RequestError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": "invalid_request_error" if self.status < 500 else "server_error",
+                "type": error_type(self.status),
                 "param": self.param,
                 "code": self.code,
             }
@@ -97,6 +118,12 @@ class ParsedRequest:
     stream: bool
     prompt: Prompt
     max_tokens: int | None
+    # Why the request cannot be split into a prefill and a decode call (None: it can). Such a
+    # request is sent whole to one worker, which computes its own prompt.
+    whole: str | None = None
+    # A chat request the router cannot render exactly as vLLM does (tools, tool messages,
+    # non-text parts): its tokens come from a worker's /tokenize (see Router._render_on_worker).
+    render_on_worker: bool = False
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -115,18 +142,57 @@ def _require_text(text: str, param: str) -> str:
     return text
 
 
-def _require_type(body: dict[str, Any], name: str, kinds: tuple[type, ...], label: str) -> None:
-    if name in body and body[name] is not None and (
-        not isinstance(body[name], kinds) or isinstance(body[name], bool) and bool not in kinds
-    ):
-        raise RequestError(400, f"'{name}' must be {label}", param=name)
+# The strings pydantic's lax mode (vLLM's request models) reads as booleans.
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def _lax_bool(value: Any) -> bool | None:
+    """``value`` as vLLM's request validation reads a boolean field; None if it would refuse."""
+    if value is None:
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    return None
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _whole_request_reason(endpoint: str, body: dict[str, Any]) -> str | None:
+    """Why the request must run whole on one worker although its prompt is known."""
+    n, best_of = body.get("n"), body.get("best_of")
+    if (isinstance(n, int) and n > 1) or (isinstance(best_of, int) and best_of > 1):
+        # Several sequences of one prompt: each would load the one hand-off's KV.
+        return "several_sequences"
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            # The prefill call asks for one token whatever the client asked: decode alone
+            # says what it makes of this value.
+            return "checked_by_worker"
+    if body.get("prompt_logprobs") is not None or (
+            endpoint == "completions" and body.get("echo") and body.get("logprobs") is not None):
+        # The prompt's own logprobs come from computing it, which a KV hand-off skips.
+        return "prompt_logprobs"
+    return None
 
 
 class PromptChecker:
-    def __init__(self, tokenizer_path: str, served_model_name: str, max_model_len: int):
+    def __init__(self, tokenizer_path: str, served_model_name: str, max_model_len: int,
+                 chat_template: str | None = None):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.chat_template = chat_template
+        self.content_format = content_format(self.tokenizer, chat_template)
         self.encode = _encoder(self.tokenizer)
         self.bound = _token_bound(self.tokenizer)
         self.served_model_name = served_model_name
@@ -134,11 +200,12 @@ class PromptChecker:
 
     def parse(self, endpoint: str, body: Any) -> ParsedRequest:
         if not isinstance(body, dict):
-            raise RequestError(400, "request body must be a JSON object")
+            # vLLM's validation refuses it in its own words; the router passes it on whole.
+            return ParsedRequest(endpoint=endpoint, body={}, stream=False, prompt=Prompt(ids=[]),
+                                 max_tokens=None, whole="unparsed_body")
         model = body.get("model")
-        if model is None:
-            raise RequestError(400, "'model' is required", param="model")
-        if model != self.served_model_name:
+        # No model: vLLM serves its own, as the router does.
+        if model is not None and model != self.served_model_name:
             raise RequestError(
                 404,
                 f"The model '{model}' does not exist; this endpoint serves "
@@ -146,81 +213,103 @@ class PromptChecker:
                 param="model",
                 code="model_not_found",
             )
-        _require_type(body, "stream", (bool,), "a boolean")
-        _require_type(body, "max_tokens", (int,), "an integer")
-        _require_type(body, "max_completion_tokens", (int,), "an integer")
-        _require_type(body, "n", (int,), "an integer")
-        if body.get("n") not in (None, 1):
-            raise RequestError(400, "'n' other than 1 is not supported by the PD router", param="n")
-        if body.get("best_of") not in (None, 1):
-            raise RequestError(400, "'best_of' other than 1 is not supported", param="best_of")
+        stream = _lax_bool(body.get("stream", False))
+        if stream is None:
+            raise RequestError(400, "'stream' must be a boolean", param="stream")
         if endpoint == "chat":
-            prompt = self._chat_prompt(body)
             max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+            prompt, whole, on_worker = self._chat_prompt(body)
         else:
-            prompt = self._completion_prompt(body)
             max_tokens = body.get("max_tokens")
-        if max_tokens is not None and max_tokens < 1:
-            raise RequestError(400, "'max_tokens' must be at least 1", param="max_tokens")
-        self._check_length(prompt, max_tokens, "messages" if endpoint == "chat" else "prompt")
+            prompt, whole = self._completion_prompt(body)
+            on_worker = False
+        # What a worker answers for itself, with its own status and message, is left to it:
+        # the router refuses nothing vLLM would take (n, best_of, max_tokens=0 and the rest).
+        whole = whole or _whole_request_reason(endpoint, body)
+        if whole is None and not on_worker:
+            self._check_length(prompt, max_tokens if isinstance(max_tokens, int) else None,
+                               "messages" if endpoint == "chat" else "prompt")
         return ParsedRequest(
             endpoint=endpoint,
             body=body,
-            stream=bool(body.get("stream")),
+            stream=stream,
             prompt=prompt,
-            max_tokens=max_tokens,
+            max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None,
+            whole=whole,
+            render_on_worker=on_worker,
         )
 
-    def _chat_prompt(self, body: dict[str, Any]) -> Prompt:
+    def check_rendered_length(self, parsed: ParsedRequest) -> None:
+        """The length check of a prompt a worker rendered (see ParsedRequest.render_on_worker)."""
+        self._check_length(parsed.prompt, parsed.max_tokens, "messages")
+
+    def _chat_prompt(self, body: dict[str, Any]) -> tuple[Prompt, str | None, bool]:
+        """The rendered prompt, why the request goes whole to one worker (None: it need not),
+        and whether a worker must render it (the router's rendering would not be vLLM's)."""
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError(400, "'messages' must be a non-empty list", param="messages")
+        if not isinstance(messages, list) or not messages or not all(
+                well_formed(m) for m in messages):
+            # vLLM's own validation answers it, with vLLM's message.
+            return Prompt(ids=[]), "unparsed_messages", False
         for index, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise RequestError(400, f"'messages[{index}]' must be an object",
-                                   param=f"messages[{index}]")
-            if not isinstance(message.get("role"), str):
-                raise RequestError(400, f"'messages[{index}].role' must be a string",
-                                   param=f"messages[{index}].role")
             _require_text(message["role"], f"messages[{index}].role")
             content = message.get("content")
-            if content is not None and not isinstance(content, (str, list)):
-                raise RequestError(400, f"'messages[{index}].content' must be a string or a list",
-                                   param=f"messages[{index}].content")
             if isinstance(content, str):
                 _require_text(content, f"messages[{index}].content")
+            for number, part in enumerate(content if isinstance(content, list) else ()):
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    _require_text(part["text"], f"messages[{index}].content[{number}].text")
+        if any(body.get(key) is not None for key in WORKER_RENDERED_FIELDS) or not all(
+                plain_message(m) for m in messages):
+            return Prompt(text=message_text(messages), encode=self.encode), None, True
+        conversation = [{"role": m["role"], "content": self._content(m["content"])}
+                        for m in messages]
         try:
             rendered = self.tokenizer.apply_chat_template(
-                messages,
+                conversation,
+                chat_template=self.chat_template,
                 add_generation_prompt=body.get("add_generation_prompt", True),
                 continue_final_message=body.get("continue_final_message", False),
                 tokenize=False,
                 **(body.get("chat_template_kwargs") or {}),
             )
-        except Exception as exc:  # jinja raises many kinds; the client gets the reason
-            raise RequestError(400, f"cannot render 'messages' with the chat template: {exc}",
-                               param="messages") from exc
-        # What apply_chat_template(tokenize=True) does: the template itself places the special
-        # tokens, so none are added. Content parts and template arguments may hold surrogates too.
+        except Exception:  # jinja raises many kinds: vLLM renders it, or refuses it, itself
+            return Prompt(text=message_text(messages), encode=self.encode), None, True
+        # What vLLM does: the template itself places the special tokens, so none are added.
         return Prompt(text=_require_text(rendered, "messages"), add_special_tokens=False,
-                      encode=self.encode)
+                      encode=self.encode), None, False
 
-    def _completion_prompt(self, body: dict[str, Any]) -> Prompt:
+    def _content(self, content: str | list[dict[str, Any]] | None) -> Any:
+        """A message's content as vLLM hands it to the template: text parts joined by newlines
+        for templates that print content as a string, the parts themselves for templates that
+        loop over them (vLLM's "string" and "openai" content formats)."""
+        if not isinstance(content, list):
+            return content
+        texts = [part["text"] for part in content]
+        if self.content_format == "openai":
+            return [{"type": "text", "text": text} for text in texts]
+        return "\n".join(texts)
+
+    def _completion_prompt(self, body: dict[str, Any]) -> tuple[Prompt, str | None]:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             return Prompt(text=_require_text(prompt, "prompt"), add_special_tokens=True,
-                          encode=self.encode)
-        if isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            return Prompt(ids=list(prompt))
+                          encode=self.encode), None
+        if _token_ids(prompt):
+            return Prompt(ids=list(prompt)), None
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             return Prompt(text=_require_text(prompt[0], "prompt[0]"), add_special_tokens=True,
-                          encode=self.encode)
-        raise RequestError(
-            400, "'prompt' must be a string or a list of token ids (one prompt per request)",
-            param="prompt",
-        )
+                          encode=self.encode), None
+        if isinstance(prompt, list) and len(prompt) == 1 and _token_ids(prompt[0]):
+            return Prompt(ids=list(prompt[0])), None
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            # A batch: one choice per prompt. Its tokens are counted as one text, for limits.
+            return Prompt(text=_require_text("\n".join(prompt), "prompt"), add_special_tokens=True,
+                          encode=self.encode), "batched_prompt"
+        if isinstance(prompt, list) and prompt and all(_token_ids(p) for p in prompt):
+            return Prompt(ids=[t for ids in prompt for t in ids]), "batched_prompt"
+        # Embeddings, empty or mixed lists: what vLLM does with them is vLLM's to say.
+        return Prompt(ids=[]), "unparsed_prompt"
 
     def _check_length(self, prompt: Prompt, max_tokens: int | None, prompt_param: str) -> None:
         if prompt.known_length is None and self.bound is not None:

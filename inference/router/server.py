@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
 import uuid
+from pathlib import Path
 
 import uvloop
 from aiohttp import web
@@ -38,7 +40,13 @@ from inference.router.handoff import PrefillStage
 from inference.router.keys import ApiKey, AuthFailure, Gatekeeper, load_key_file
 from inference.router.metrics import RouterMetrics
 from inference.router.policies import make_policy
-from inference.router.prompts import CharsPerToken, ParsedRequest, PromptChecker, RequestError
+from inference.router.prompts import (
+    CharsPerToken,
+    ParsedRequest,
+    Prompt,
+    PromptChecker,
+    RequestError,
+)
 from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
@@ -46,11 +54,19 @@ from inference.router.upstream import (
     RequestTimedOut,
     UpstreamError,
     error_response,
+    relay,
 )
 from inference.router.warmup import FILLER, PairWarmer, warmup_prompt
 
 log = logging.getLogger("pdserve.router")
 timeline_log = logging.getLogger("pdserve.router.timeline")
+
+# vLLM routes that need no PD split: any one ready worker answers them, as vLLM would.
+PASSED_THROUGH = ("/tokenize", "/detokenize")
+# What vLLM's /tokenize takes of a chat request to render its prompt as the chat call would.
+TOKENIZE_FIELDS = ("model", "messages", "tools", "documents", "add_generation_prompt",
+                   "continue_final_message", "chat_template", "chat_template_kwargs",
+                   "mm_processor_kwargs")
 
 class Router:
     def __init__(self, config: RouterConfig, checker: PromptChecker):
@@ -118,6 +134,9 @@ class Router:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        for path in PASSED_THROUGH:
+            app.router.add_post(path, self.pass_through)
+        app.router.add_get("/version", self.pass_through)
         AdminAPI(self, self.config.admin_token).add_routes(app)
         return app
 
@@ -170,13 +189,22 @@ class Router:
             }
             for role, pool in self.pools.items()
         }
-        healthy = all(info["ready"] > 0 for info in roles.values())
+        missing = [role for role, info in roles.items() if info["ready"] == 0]
+        healthy = not missing
         answer: dict[str, object] = {"mode": self.config.mode, "roles": roles}
         if self.warmer is not None:
             healthy = healthy and self.warmer.any_warm()
             answer["kv_warmup"] = self.warmer.report()
-        answer["status"] = "ok" if healthy else "unavailable"
-        return web.json_response(answer, status=200 if healthy else 503)
+        if healthy:
+            status = "ok"
+        elif self.config.mode == "pd" and self.config.degraded_mode and len(missing) == 1:
+            # One role can serve every request alone, more slowly (see _degraded).
+            status = "degraded"
+            answer["degraded"] = missing[0]
+        else:
+            status = "unavailable"
+        answer["status"] = status
+        return web.json_response(answer, status=503 if status == "unavailable" else 200)
 
     async def prometheus(self, _request: web.Request) -> web.Response:
         self.metrics.refresh(self.pools.values(), self.placer)
@@ -245,6 +273,38 @@ class Router:
             # unused reservation must still be given back.
             await asyncio.shield(settling)
 
+    async def pass_through(self, request: web.Request) -> web.StreamResponse:
+        """A vLLM route relayed to one ready worker (decode first: it renders as chat does)."""
+        timeline = Timeline(request.headers.get("X-Request-Id") or uuid.uuid4().hex, "other")
+        if isinstance(denied := self._check_auth(request, timeline.request_id), web.Response):
+            return denied
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes",
+                                  timeline.request_id)
+        pool = next((p for role in ("decode", "colocated", "prefill")
+                     if (p := self.pools.get(role)) is not None and p.ready()), None)
+        if pool is None:
+            message = "no ready worker (" + "; ".join(
+                f"{b.url}: {b.last_error or 'not ready'}"
+                for p in self.pools.values() for b in p.backends) + ")"
+            return error_response(503, message, timeline.request_id, code="no_worker_ready")
+        backend = pool.pick().backend
+        headers = {"X-Request-Id": timeline.request_id,
+                   "Content-Type": request.headers.get("Content-Type", "application/json")}
+        try:
+            async with self.calls.post(backend, request.path, timeline, retriable=False,
+                                       method=request.method, data=raw,
+                                       headers=headers) as upstream:
+                payload = await upstream.read()
+                return relay(upstream.status, payload, upstream, timeline.request_id)
+        except BackendFailure as exc:
+            return error_response(503, str(exc), timeline.request_id,
+                                  code=f"{exc.role}_unavailable")
+        except RequestTimedOut:
+            return self._timed_out(timeline, "")
+
     # ---- inference -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, "chat")
@@ -284,8 +344,13 @@ class Router:
                                   request_id)
         try:
             parsed = self.checker.parse(endpoint, parse_json(raw))
+            if parsed.render_on_worker and self.config.mode == "pd":
+                parsed = await self._render_on_worker(parsed, timeline)
         except RequestError as exc:
             return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+        except UpstreamError as exc:  # the worker's own refusal of what it cannot render
+            timeline.error = f"worker answered {exc.response.status} to /tokenize"
+            return exc.response
         ticket = None
         if key is not None:
             try:
@@ -308,51 +373,120 @@ class Router:
 
     async def _dispatch(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
                         timeline: Timeline) -> web.StreamResponse:
-        request_id = timeline.request_id
         try:
-            # The client's body goes on as the bytes it came in, unless the hand-off changes it.
-            if self.config.mode == "colocated":
-                return await self.forwarder.forward(request, "colocated", parsed, raw, timeline)
-            if not self.pools["decode"].ready():
-                # Fail before prefilling: a prefill for a decode that never comes pins KV blocks
-                # on the prefill worker until they time out. (ready(), not pick(): pick() would
-                # advance the round robin and skew the later real pick.)
-                raise NoBackendAvailable("decode", self.pools["decode"].backends)
-            if self.placer is not None:
-                placement = self.placer.place(len(parsed.prompt_token_ids),
-                                              self.pools["prefill"].ready(),
-                                              self.pools["decode"].ready())
-                self.metrics.placements.labels(placement.where, placement.reason).inc()
-                timeline.kv = {"placement": placement.where}
-                if placement.where == "local":
-                    self.metrics.local_prefill.inc()
-                    timeline.kv["local_prefill"] = True
-                    return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
-                if placement.where == "prefill_whole":
-                    return await self.forwarder.forward(request, "prefill", parsed, raw, timeline)
-            elif (self.config.local_prefill_max_tokens
-                  and len(parsed.prompt_token_ids) <= self.config.local_prefill_max_tokens):
-                self.metrics.local_prefill.inc()
-                timeline.kv = {"local_prefill": True}
-                return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
-            assert self.prefill_stage is not None  # PD mode has a prefill pool
-            decode_body, handoff_from = await self.prefill_stage.run(parsed, timeline)
-            return await self.forwarder.forward(request, "decode", parsed,
-                                                json.dumps(decode_body).encode(), timeline,
-                                                handoff_from=handoff_from)
-        except NoBackendAvailable as exc:
-            timeline.error = str(exc)
-            return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
+            return await self._route(request, parsed, raw, timeline)
         except BackendFailure as exc:
-            timeline.error = str(exc)
-            if exc.timed_out:
-                return self._timed_out(timeline, f" ({exc})")
-            return error_response(503, str(exc), request_id, code=f"{exc.role}_unavailable")
-        except RequestTimedOut:
-            return self._timed_out(timeline, "")
-        except UpstreamError as exc:
+            # A failed call to decode raises only before anything reached the client (a
+            # failure mid-stream ends the stream with an error event instead): prefill can
+            # still answer the whole request.
+            if (exc.role != "decode" or exc.timed_out or not self.config.degraded_mode
+                    or self.config.mode != "pd" or not self.pools["prefill"].ready()):
+                return self._failed(exc, timeline)
+            log.warning("request %s: %s; prefill runs it whole", timeline.request_id, exc)
+            try:
+                return await self._degraded(request, parsed, raw, timeline, missing="decode")
+            except (NoBackendAvailable, BackendFailure, RequestTimedOut, UpstreamError) as again:
+                return self._failed(again, timeline)
+        except (NoBackendAvailable, RequestTimedOut, UpstreamError) as exc:
+            return self._failed(exc, timeline)
+
+    def _failed(self, exc: Exception, timeline: Timeline) -> web.StreamResponse:
+        """The answer to a request no worker could serve."""
+        request_id = timeline.request_id
+        if isinstance(exc, UpstreamError):
             timeline.error = f"worker answered {exc.response.status}"
             return exc.response
+        if isinstance(exc, RequestTimedOut):
+            return self._timed_out(timeline, "")
+        timeline.error = str(exc)
+        if isinstance(exc, BackendFailure) and exc.timed_out:
+            return self._timed_out(timeline, f" ({exc})")
+        role = exc.role if isinstance(exc, (BackendFailure, NoBackendAvailable)) else "worker"
+        return error_response(503, str(exc), request_id, code=f"{role}_unavailable")
+
+    async def _route(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
+                     timeline: Timeline) -> web.StreamResponse:
+        """Where the request goes, and its answer; a failure raises (see _dispatch)."""
+        request_id = timeline.request_id
+        # The client's body goes on as the bytes it came in, unless the hand-off changes it.
+        if self.config.mode == "colocated":
+            return await self.forwarder.forward(request, "colocated", parsed, raw, timeline)
+        # ready(), not pick(): pick() would advance the round robin and skew the real pick.
+        if not self.pools["decode"].ready():
+            # Decided before prefilling: a prefill for a decode that never comes pins KV
+            # blocks on the prefill worker until they time out.
+            if not (self.config.degraded_mode and self.pools["prefill"].ready()):
+                raise NoBackendAvailable("decode", self.pools["decode"].backends)
+            return await self._degraded(request, parsed, raw, timeline, missing="decode")
+        if not self.pools["prefill"].ready() and self.config.degraded_mode:
+            return await self._degraded(request, parsed, raw, timeline, missing="prefill")
+        if parsed.whole is not None:
+            self.metrics.pd_fallback.labels(parsed.whole).inc()
+            timeline.kv = {"whole_on_decode": parsed.whole}
+            return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
+        if self.placer is not None:
+            placement = self.placer.place(len(parsed.prompt_token_ids),
+                                          self.pools["prefill"].ready(),
+                                          self.pools["decode"].ready())
+            self.metrics.placements.labels(placement.where, placement.reason).inc()
+            timeline.kv = {"placement": placement.where}
+            if placement.where == "local":
+                self.metrics.local_prefill.inc()
+                timeline.kv["local_prefill"] = True
+                return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
+            if placement.where == "prefill_whole":
+                return await self.forwarder.forward(request, "prefill", parsed, raw, timeline)
+        elif (self.config.local_prefill_max_tokens
+              and len(parsed.prompt_token_ids) <= self.config.local_prefill_max_tokens):
+            self.metrics.local_prefill.inc()
+            timeline.kv = {"local_prefill": True}
+            return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
+        assert self.prefill_stage is not None  # PD mode has a prefill pool
+        try:
+            decode_body, handoff_from = await self.prefill_stage.run(parsed, timeline)
+        except (NoBackendAvailable, BackendFailure) as exc:
+            # Every prefill worker failed or went away while this request waited: the
+            # client has received nothing yet, so decode computes the prompt instead.
+            timed_out = isinstance(exc, BackendFailure) and exc.timed_out
+            if timed_out or not self.config.degraded_mode or not self.pools["decode"].ready():
+                raise
+            log.warning("request %s: no prefill worker could take it (%s); decode "
+                        "prefills it", request_id, exc)
+            return await self._degraded(request, parsed, raw, timeline, missing="prefill")
+        return await self.forwarder.forward(request, "decode", parsed,
+                                            json.dumps(decode_body).encode(), timeline,
+                                            handoff_from=handoff_from)
+
+    async def _degraded(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
+                        timeline: Timeline, missing: str) -> web.StreamResponse:
+        """Serve without the role that has no ready worker: decode computes the prompt itself
+        (a KV consumer answers a request nothing was prefilled for), or prefill runs it whole.
+        Slower, but the client gets its answer rather than a 503."""
+        self.metrics.degraded.labels(missing).inc()
+        timeline.kv = {**timeline.kv, "degraded": f"no {missing} worker ready"}
+        serving = "prefill" if missing == "decode" else "decode"
+        return await self.forwarder.forward(request, serving, parsed, raw, timeline)
+
+    async def _render_on_worker(self, parsed: ParsedRequest, timeline: Timeline) -> ParsedRequest:
+        """The prompt tokens of a chat request the router cannot render as vLLM does, from a
+        ready worker's /tokenize (vLLM's own rendering: tools, tool messages, media). Without
+        a worker to ask, the request goes whole to decode, which renders it itself."""
+        body = {key: parsed.body[key] for key in TOKENIZE_FIELDS if key in parsed.body}
+        role = "decode" if self.pools["decode"].ready() else "prefill"
+        try:
+            backend = self.calls.pick(role, parsed)
+            data = await self.calls.call_json(backend, "/tokenize", body, timeline)
+        except (NoBackendAvailable, BackendFailure) as exc:
+            log.warning("request %s: no worker rendered the chat prompt (%s); decode renders it "
+                        "itself", timeline.request_id, exc)
+            return dataclasses.replace(parsed, whole="unrendered_chat", render_on_worker=False)
+        tokens = data.get("tokens")
+        if not (isinstance(tokens, list) and all(isinstance(t, int) for t in tokens)):
+            return dataclasses.replace(parsed, whole="unrendered_chat", render_on_worker=False)
+        timeline.mark("rendered_on_worker")
+        rendered = dataclasses.replace(parsed, prompt=Prompt(ids=tokens), render_on_worker=False)
+        self.checker.check_rendered_length(rendered)
+        return rendered
 
     def _timed_out(self, timeline: Timeline, detail: str) -> web.Response:
         message = f"request timed out after {self.config.request_timeout_s:g} s{detail}"
@@ -375,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    checker = PromptChecker(config.tokenizer_path, config.served_model_name, config.max_model_len)
+    checker = PromptChecker(
+        config.tokenizer_path, config.served_model_name, config.max_model_len,
+        Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template else None)
     router = Router(config, checker)
     # Loading the tokenizer imports transformers and torch: some 400,000 long-lived objects
     # that every full collection would walk again, pausing all requests for ~0.4 s at a time.

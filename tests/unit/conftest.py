@@ -137,6 +137,7 @@ class StubVLLM:
         app.router.add_get("/health", self._health)
         app.router.add_post("/v1/chat/completions", self._inference)
         app.router.add_post("/v1/completions", self._inference)
+        app.router.add_post("/tokenize", self._tokenize)
         return app
 
     async def start(self) -> None:
@@ -154,9 +155,14 @@ class StubVLLM:
         if self.prompt_token_ids_override is not None:
             return list(self.prompt_token_ids_override)
         if endpoint == "chat":
+            # vLLM's "string" content format: text parts joined by newlines.
+            messages = [{**m, "content": "\n".join(p["text"] for p in m["content"])}
+                        if isinstance(m.get("content"), list) else m for m in body["messages"]]
             return list(self.tokenizer.apply_chat_template(
-                body["messages"], add_generation_prompt=True, tokenize=True, return_dict=False))
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False))
         prompt = body["prompt"]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            prompt = prompt[0]  # a batch: the stub answers for its first prompt
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
         text = prompt[0] if isinstance(prompt, list) else prompt
@@ -175,7 +181,23 @@ class StubVLLM:
         chunks.append(b"data: [DONE]\n\n")
         return chunks
 
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(RecordedRequest(request.path, body, request.headers.copy()))
+        try:
+            tokens = self._prompt_ids("chat" if "messages" in body else "completions", body)
+        except Exception as exc:  # noqa: BLE001 - vLLM refuses what it cannot render with a 400
+            return web.json_response(vllm_400(f"cannot render: {exc}"), status=400)
+        return web.json_response({"count": len(tokens), "max_model_len": 64, "tokens": tokens})
+
     async def _inference(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._serve(request)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # What vLLM's request validation does with a body it cannot read.
+            return web.json_response(vllm_400(f"invalid request: {exc!r}"), status=400)
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         # Keep the case-insensitive mapping: HTTP header names have no canonical case.
         self.requests.append(RecordedRequest(request.path, body, request.headers.copy()))
@@ -199,7 +221,7 @@ class StubVLLM:
                       prompt_ids: list[int]) -> web.StreamResponse:
         if endpoint == "chat":
             answer: dict[str, Any] = {
-                "id": f"{self.name}-chat", "object": "chat.completion", "model": body["model"],
+                "id": f"{self.name}-chat", "object": "chat.completion", "model": body.get("model", "stub"),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": self.name},
                              "finish_reason": "length"}],
             }
@@ -210,7 +232,7 @@ class StubVLLM:
             if body.get("return_token_ids") and not self.omit_prompt_token_ids:
                 choice["prompt_token_ids"] = prompt_ids
             answer = {"id": f"{self.name}-cmpl", "object": "text_completion",
-                      "model": body["model"], "choices": [choice]}
+                      "model": body.get("model", "stub"), "choices": [choice]}
         if self.with_usage:
             answer["usage"] = {"prompt_tokens": len(prompt_ids), "completion_tokens": 1,
                                "total_tokens": len(prompt_ids) + 1}
@@ -277,6 +299,10 @@ def dead_url() -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     yield f"http://127.0.0.1:{port}"
+
+
+def vllm_400(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
 
 
 @dataclass

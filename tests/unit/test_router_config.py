@@ -19,8 +19,10 @@ VALID: dict[str, Any] = {"served_model_name": "m", "tokenizer_path": "/m", "max_
 # Written down before the settings moved into the dataclass's fields; the console passes these.
 FLAGS = ["--served-model-name", "--tokenizer", "--max-model-len", "--prefill", "--decode", "--colocated",
          "--kv-channel", "--host", "--port", "--request-timeout", "--connect-timeout",
-         "--health-interval", "--max-body-bytes", "--local-prefill-max-tokens", "--prefill-policy",
-         "--decode-policy", "--colocated-policy", "--pd-policy", "--stall-budget-ms", "--prefill-slots",
+         "--health-interval", "--chat-template",
+         "--max-body-bytes", "--local-prefill-max-tokens", "--prefill-policy",
+         "--decode-policy", "--colocated-policy", "--pd-policy", "--stall-budget-ms", "--no-degraded-mode",
+         "--prefill-slots",
          "--breaker-failures", "--breaker-cooldown", "--prefix-block-size", "--prefix-blocks",
          "--kv-warmup-tokens", "--keys-file"]
 ENVIRONMENT = ["PDSERVE_API_KEY", "PDSERVE_ROUTER_ADMIN_TOKEN", "REDIS_URL"]

@@ -87,7 +87,8 @@ async def test_a_failed_prefill_is_retried_once_on_another_worker(
 
 async def test_both_prefills_failing_is_503_naming_prefill_and_both_workers(
         start_router: StartRouter, make_stub: MakeStub) -> None:
-    running, prefills, decode = await two_prefills(start_router, make_stub)
+    running, prefills, decode = await two_prefills(start_router, make_stub,
+                                                degraded_mode=False)
     for stub in prefills:
         stub.fail_with = (500, VLLM_500)
     started = time.monotonic()
@@ -107,7 +108,8 @@ async def test_both_prefills_failing_is_503_naming_prefill_and_both_workers(
 async def test_a_lone_failing_prefill_is_503_saying_there_is_no_other(
         start_router: StartRouter, make_stub: MakeStub) -> None:
     prefill, decode = await make_stub("prefill"), await make_stub("decode")
-    running = await start_router(prefill=(prefill.url,), decode=(decode.url,))
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,),
+                                 degraded_mode=False)
     prefill.fail_with = (502, {"detail": "bad gateway"})
     response = await running.client.post("/v1/completions", json=COMPLETION)
     assert response.status == 503
@@ -183,7 +185,7 @@ async def test_decode_failing_to_load_the_kv_is_a_clear_error_naming_the_hand_of
     assert response.content_type == "application/json"
     error = (await response.json())["error"]
     assert error["code"] == "kv_handoff_failed"
-    assert error["type"] == "server_error"
+    assert error["type"] == "InternalServerError"
     for part in ("KV hand-off failed", decode.url, prefill.url, "KV load failure for request"):
         assert part in error["message"]
     assert await running.metric("pdserve_router_kv_handoffs_total",
@@ -307,7 +309,7 @@ async def test_a_lone_worker_that_refuses_is_503_without_a_retry(
     prefill, decode = await make_stub("prefill"), await make_stub("decode")
     decode_url = decode.url
     running = await start_router(prefill=(prefill.url,), decode=(decode_url,),
-                                 kv_channel="nixl", health_interval_s=30.0)
+                                 kv_channel="nixl", health_interval_s=30.0, degraded_mode=False)
     await decode.close()
     response = await running.client.post("/v1/completions", json=COMPLETION)
     assert response.status == 503
@@ -339,7 +341,8 @@ async def test_a_connect_timeout_on_a_lone_worker_still_up_is_tried_once_more_on
         start_router: StartRouter, make_stub: MakeStub, role: str) -> None:
     stubs = {"prefill": await make_stub("prefill"), "decode": await make_stub("decode")}
     running = await start_router(prefill=(stubs["prefill"].url,), decode=(stubs["decode"].url,),
-                                 kv_channel="nixl", health_interval_s=30.0, connect_timeout_s=0.3)
+                                 kv_channel="nixl", health_interval_s=30.0, connect_timeout_s=0.3,
+                                 degraded_mode=False)
     stalled = stubs[role]
     url = stalled.url
     port = stalled.server.port if stalled.server is not None else 0

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import ClientResponse
 
-from inference.router.prompts import PromptChecker, RequestError
+from inference.router.prompts import PromptChecker, RequestError, error_type
 from tests.unit.conftest import MODEL, RunningRouter, StubVLLM
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
@@ -34,7 +34,7 @@ async def error_of(response: ClientResponse, status: int) -> dict[str, Any]:
     assert response.content_type == "application/json"
     body = await response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["type"] == error_type(status)
     return body["error"]
 
 
@@ -103,4 +103,4 @@ def test_a_lone_surrogate_a_template_renders_from_content_parts_is_400(tokenizer
     body = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]}
     with pytest.raises(RequestError) as refused:
         checker.parse("chat", body)
-    assert (refused.value.status, refused.value.param) == (400, "messages")
+    assert (refused.value.status, refused.value.param) == (400, "messages[0].content[0].text")

@@ -195,7 +195,8 @@ async def test_decode_dying_mid_stream_ends_with_an_sse_error_event(
 
 async def test_decode_dying_mid_body_of_a_non_streamed_answer_is_503_naming_decode(
         start_router: StartRouter, make_stub: MakeStub) -> None:
-    running, _prefill, decode = await pd_router(start_router, make_stub, "nixl")
+    running, _prefill, decode = await pd_router(start_router, make_stub, "nixl",
+                                                degraded_mode=False)
     decode.truncate_json_body = True
     response = await running.client.post(CHAT, json=request_body(CHAT))
     assert response.status == 503, await response.text()
@@ -206,7 +207,7 @@ async def test_decode_dying_mid_body_of_a_non_streamed_answer_is_503_naming_deco
 
 async def test_prefill_dying_mid_body_is_503_naming_prefill(
         start_router: StartRouter, make_stub: MakeStub) -> None:
-    running, prefill, decode = await pd_router(start_router, make_stub, "nixl")
+    running, prefill, decode = await pd_router(start_router, make_stub, "nixl", degraded_mode=False)
     prefill.truncate_json_body = True
     response = await running.client.post(COMPLETIONS, json=request_body(COMPLETIONS))
     assert response.status == 503, await response.text()
@@ -218,7 +219,8 @@ async def test_prefill_dying_mid_body_is_503_naming_prefill(
 async def test_decode_port_closed_is_503_naming_decode_quickly(
         start_router: StartRouter, make_stub: MakeStub, dead_url: str, stream: bool) -> None:
     prefill = await make_stub("prefill")
-    running = await start_router(prefill=(prefill.url,), decode=(dead_url,), wait_ready=False)
+    running = await start_router(prefill=(prefill.url,), decode=(dead_url,), wait_ready=False,
+                                 degraded_mode=False)
     await wait_until(lambda: bool(running.router.pools["prefill"].ready()))
     started = time.monotonic()
     response = await running.client.post(CHAT, json=request_body(CHAT, stream=stream))
@@ -238,7 +240,7 @@ async def test_decode_that_went_down_after_its_probe_is_503_naming_decode(
     # A long probe interval: the router still believes decode is up when the request arrives,
     # so this exercises the connection-error path rather than the "no ready worker" path.
     running, _prefill, decode = await pd_router(start_router, make_stub, "nixl",
-                                                health_interval_s=30.0)
+                                                health_interval_s=30.0, degraded_mode=False)
     await decode.close()
     started = time.monotonic()
     response = await running.client.post(CHAT, json=request_body(CHAT, stream=stream))
@@ -256,7 +258,8 @@ async def test_decode_that_went_down_after_its_probe_is_503_naming_decode(
 async def test_prefill_port_closed_is_503_naming_prefill(
         start_router: StartRouter, make_stub: MakeStub, dead_url: str) -> None:
     decode = await make_stub("decode")
-    running = await start_router(prefill=(dead_url,), decode=(decode.url,), wait_ready=False)
+    running = await start_router(prefill=(dead_url,), decode=(decode.url,), wait_ready=False,
+                                 degraded_mode=False)
     await wait_until(lambda: bool(running.router.pools["decode"].ready()))
     started = time.monotonic()
     response = await running.client.post(COMPLETIONS, json=request_body(COMPLETIONS))
@@ -271,7 +274,7 @@ async def test_prefill_port_closed_is_503_naming_prefill(
 async def test_prefill_that_went_down_after_its_probe_is_503_naming_prefill(
         start_router: StartRouter, make_stub: MakeStub) -> None:
     running, prefill, decode = await pd_router(start_router, make_stub, "nixl",
-                                               health_interval_s=30.0)
+                                               health_interval_s=30.0, degraded_mode=False)
     await prefill.close()
     response = await running.client.post(CHAT, json=request_body(CHAT))
     assert response.status == 503

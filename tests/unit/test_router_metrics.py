@@ -24,6 +24,7 @@ EXPECTED = [
     ("in_flight", Gauge, "pdserve_router_in_flight", ("role", "backend")),
     ("backend_up", Gauge, "pdserve_router_backend_up", ("role", "backend")),
     ("pd_fallback", Counter, "pdserve_router_pd_fallback", ("reason",)),
+    ("degraded", Counter, "pdserve_router_degraded", ("missing_role",)),
     ("backend_errors", Counter, "pdserve_router_backend_errors", ("role", "kind")),
     ("client_disconnects", Counter, "pdserve_router_client_disconnects", ("endpoint",)),
     ("kv_handoffs", Counter, "pdserve_router_kv_handoffs", ("prefill", "decode", "outcome")),

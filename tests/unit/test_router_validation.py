@@ -12,6 +12,7 @@ import pytest_asyncio
 from aiohttp import ClientResponse
 
 from inference.router.config import build_parser, config_from_args
+from inference.router.prompts import error_type
 from tests.unit.conftest import MODEL, RunningRouter, StubVLLM, wait_until
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
@@ -20,6 +21,9 @@ MakeStub = Callable[[str], Awaitable[StubVLLM]]
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 GOOD_CHAT: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hello world"}]}
+# What vLLM answers a body its request validation refuses.
+VLLM_REFUSAL = {"error": {"message": "1 validation error: messages", "type": "BadRequestError",
+                          "param": "messages", "code": 400}}
 
 
 class PD:
@@ -55,7 +59,7 @@ async def error_of(response: ClientResponse, status: int) -> dict[str, Any]:
     assert response.status == status, await response.text()
     assert response.content_type == "application/json"
     body = await response.json()
-    assert body["error"]["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    assert body["error"]["type"] == error_type(status)
     return body["error"]
 
 
@@ -67,11 +71,12 @@ async def test_malformed_json_is_400(pd: PD) -> None:
     assert pd.backends_contacted() == 0
 
 
-async def test_json_that_is_not_an_object_is_400(pd: PD) -> None:
+async def test_json_that_is_not_an_object_is_decodes_to_refuse(pd: PD) -> None:
+    pd.decode.fail_with = (400, VLLM_REFUSAL)
     response = await pd.client.post(CHAT, json=[GOOD_CHAT])
-    error = await error_of(response, 400)
-    assert "JSON object" in error["message"]
-    assert pd.backends_contacted() == 0
+    assert response.status == 400
+    assert await response.json() == VLLM_REFUSAL
+    assert pd.prefill.requests == []
 
 
 async def test_unknown_model_is_404_naming_the_model(pd: PD) -> None:
@@ -84,60 +89,78 @@ async def test_unknown_model_is_404_naming_the_model(pd: PD) -> None:
 
 
 @pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
-async def test_missing_model_is_400_on_param_model(pd: PD, path: str) -> None:
+async def test_a_request_without_a_model_is_served_by_the_served_model(pd: PD, path: str) -> None:
+    # vLLM's own behaviour: the model field is optional and defaults to the served model.
     body = {"messages": GOOD_CHAT["messages"]} if path == CHAT else {"prompt": "hello"}
-    error = await error_of(await pd.client.post(path, json=body), 400)
-    assert error["param"] == "model"
-    assert pd.backends_contacted() == 0
+    response = await pd.client.post(path, json=body)
+    assert response.status == 200, await response.text()
 
 
 @pytest.mark.parametrize(
-    ("messages", "param"),
+    ("path", "extra"),
     [
-        ("hello world", "messages"),
-        ({"role": "user", "content": "hello"}, "messages"),
-        ([], "messages"),
-        (["hello"], "messages[0]"),
-        ([{"role": "user", "content": "hi"}, {"content": "no role"}], "messages[1].role"),
-        ([{"role": 7, "content": "hi"}], "messages[0].role"),
-        ([{"role": "user", "content": 42}], "messages[0].content"),
-    ],
-)
-async def test_bad_messages_are_400_naming_the_field(pd: PD, messages: Any, param: str) -> None:
-    response = await pd.client.post(CHAT, json={"model": MODEL, "messages": messages})
-    error = await error_of(response, 400)
-    assert error["param"] == param
-    assert f"'{param}'" in error["message"]
-    assert pd.backends_contacted() == 0
-
-
-@pytest.mark.parametrize(
-    ("path", "extra", "param"),
-    [
-        (CHAT, {"stream": "yes"}, "stream"),
-        (CHAT, {"max_tokens": "5"}, "max_tokens"),
+        (CHAT, {"messages": "hello world"}),
+        (CHAT, {"messages": {"role": "user", "content": "hello"}}),
+        (CHAT, {"messages": []}),
+        (CHAT, {"messages": ["hello"]}),
+        (CHAT, {"messages": [{"role": "user", "content": "hi"}, {"content": "no role"}]}),
+        (CHAT, {"messages": [{"role": 7, "content": "hi"}]}),
+        (CHAT, {"messages": [{"role": "user", "content": 42}]}),
+        (CHAT, {"max_tokens": "5"}),
         # bool is an int subclass in Python; JSON true must not pass as max_tokens=1
-        (CHAT, {"max_tokens": True}, "max_tokens"),
-        (CHAT, {"max_completion_tokens": 2.5}, "max_completion_tokens"),
-        (CHAT, {"max_tokens": 0}, "max_tokens"),
-        (COMPLETIONS, {"prompt": 5}, "prompt"),
-        (COMPLETIONS, {"prompt": ["one", "two"]}, "prompt"),
-        (COMPLETIONS, {"prompt": [1, "two"]}, "prompt"),
+        (CHAT, {"max_tokens": True}),
+        (CHAT, {"max_completion_tokens": 2.5}),
+        (CHAT, {"max_tokens": 0}),
+        (COMPLETIONS, {"prompt": 5}),
+        (COMPLETIONS, {"prompt": [1, "two"]}),
+        (COMPLETIONS, {"prompt": []}),
     ],
 )
-async def test_wrong_types_are_400_naming_the_field(pd: PD, path: str, extra: dict[str, Any],
-                                                    param: str) -> None:
+async def test_what_the_router_cannot_read_is_vllms_to_refuse(pd: PD, path: str,
+                                                              extra: dict[str, Any]) -> None:
+    """The router refuses nothing a worker might take: a body it cannot make sense of goes
+    whole to decode, unchanged, and decode's own answer (vLLM's 400 here) reaches the client."""
     base: dict[str, Any] = dict(GOOD_CHAT) if path == CHAT else {"model": MODEL, "prompt": "hello"}
-    error = await error_of(await pd.client.post(path, json={**base, **extra}), 400)
-    assert error["param"] == param
+    body = {**base, **extra}
+    pd.decode.fail_with = (400, VLLM_REFUSAL)
+    response = await pd.client.post(path, json=body)
+    assert response.status == 400
+    assert await response.json() == VLLM_REFUSAL
+    assert pd.prefill.requests == []
+    assert [r.body for r in pd.decode.requests] == [body]
+
+
+@pytest.mark.parametrize("value", [[1], "maybe", 2, {}])
+async def test_a_stream_flag_vllm_would_not_read_as_a_boolean_is_400(pd: PD, value: Any) -> None:
+    error = await error_of(await pd.client.post(CHAT, json={**GOOD_CHAT, "stream": value}), 400)
+    assert error["param"] == "stream"
     assert pd.backends_contacted() == 0
 
 
-@pytest.mark.parametrize(("field", "value"), [("n", 2), ("best_of", 3), ("n", True)])
-async def test_more_than_one_choice_is_400(pd: PD, field: str, value: Any) -> None:
-    error = await error_of(await pd.client.post(CHAT, json={**GOOD_CHAT, field: value}), 400)
-    assert error["param"] == field
-    assert pd.backends_contacted() == 0
+@pytest.mark.parametrize(("path", "extra", "reason"), [
+    (CHAT, {"n": 2, "temperature": 1.0}, "several_sequences"),
+    (COMPLETIONS, {"best_of": 3, "n": 2, "temperature": 1.0}, "several_sequences"),
+    (COMPLETIONS, {"prompt": ["one", "two"]}, "batched_prompt"),
+    (COMPLETIONS, {"prompt": [[1, 2, 3], [4, 5]]}, "batched_prompt"),
+    (COMPLETIONS, {"echo": True, "logprobs": 1}, "prompt_logprobs"),
+    (CHAT, {"prompt_logprobs": 1}, "prompt_logprobs"),
+])
+async def test_requests_a_kv_hand_off_cannot_serve_run_whole_on_decode(
+        pd: PD, path: str, extra: dict[str, Any], reason: str) -> None:
+    base: dict[str, Any] = dict(GOOD_CHAT) if path == CHAT else {"model": MODEL, "prompt": "hello"}
+    response = await pd.client.post(path, json={**base, **extra})
+    assert response.status == 200, await response.text()
+    assert pd.prefill.requests == []
+    assert [r.body for r in pd.decode.requests] == [{**base, **extra}]
+    assert await pd.running.metric("pdserve_router_pd_fallback_total", {"reason": reason}) == 1
+
+
+@pytest.mark.parametrize("stream", ["true", 1, "on"])
+async def test_a_stream_flag_vllm_reads_as_true_streams(pd: PD, stream: Any) -> None:
+    response = await pd.client.post(CHAT, json={**GOOD_CHAT, "stream": stream})
+    assert response.status == 200
+    assert response.content_type == "text/event-stream"
+    assert b"data: [DONE]" in await response.read()
 
 
 async def test_n_of_one_is_accepted(pd: PD) -> None:
@@ -258,19 +281,23 @@ async def test_models_lists_the_served_model(pd: PD) -> None:
     assert [(m["id"], m["object"], m["max_model_len"]) for m in body["data"]] == [(MODEL, "model", 64)]
 
 
-async def test_health_is_503_with_per_role_readiness_when_decode_is_down(
+@pytest.mark.parametrize(("degraded_mode", "status", "state"),
+                         [(True, 200, "degraded"), (False, 503, "unavailable")])
+async def test_health_with_decode_down_is_degraded_or_with_the_switch_off_unavailable(
         start_router: Callable[..., Awaitable[RunningRouter]], make_stub: MakeStub,
-        dead_url: str) -> None:
+        dead_url: str, degraded_mode: bool, status: int, state: str) -> None:
     prefill = await make_stub("prefill")
-    running = await start_router(prefill=(prefill.url,), decode=(dead_url,), wait_ready=False)
+    running = await start_router(prefill=(prefill.url,), decode=(dead_url,), wait_ready=False,
+                                 degraded_mode=degraded_mode)
     router = running.router
     # Wait for a completed probe round, so "not ready" is a verdict rather than the initial state.
     await wait_until(lambda: bool(router.pools["prefill"].ready())
                      and bool(router.pools["decode"].backends[0].last_error))
     response = await running.client.get("/health")
-    assert response.status == 503
+    assert response.status == status
     body = await response.json()
-    assert body["status"] == "unavailable"
+    assert body["status"] == state
+    assert body.get("degraded") == ("decode" if degraded_mode else None)
     assert body["mode"] == "pd"
     assert body["roles"]["prefill"]["ready"] == 1
     assert body["roles"]["prefill"]["total"] == 1
@@ -337,5 +364,5 @@ def test_error_bodies_are_openai_shaped() -> None:
 
     body = RequestError(400, "bad", param="messages", code="x").body()
     assert json.loads(json.dumps(body)) == {
-        "error": {"message": "bad", "type": "invalid_request_error", "param": "messages", "code": "x"}
+        "error": {"message": "bad", "type": "BadRequestError", "param": "messages", "code": "x"}
     }
