@@ -52,7 +52,19 @@ class WorkerSpec:
     # Sampling defaults every worker applies (vLLM --override-generation-config); prefill and
     # decode must agree or PD answers differ from a single server's.
     sampling_defaults: dict[str, object] = field(default_factory=dict)
-    data_dir: str | None = None
+    # Tool calling and chat rendering (vLLM's OpenAI server flags), the same on every worker:
+    # decode renders a chat request again and must produce the prompt prefill computed.
+    tool_call_parser: str = ""  # "": none
+    enable_auto_tool_choice: bool = False
+    chat_template_path: str | None = None  # None: the model's own template
+    reasoning_parser: str = ""  # "": none
+    # Where vLLM and torch keep their caches (compiled graphs, inductor kernels, the model
+    # registry's notes): shared by every worker of a node, so a restarted worker or a second
+    # deployment of the same configuration skips the compile warm-up. None: vLLM's own default.
+    cache_dir: str | None = None
+    # vLLM --enforce-eager: no torch.compile warm-up (1-5 minutes a start on this CPU) for
+    # slower steps; for nodes where a start matters more than throughput.
+    enforce_eager: bool = False
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> str:
@@ -88,6 +100,11 @@ def validate(spec: WorkerSpec) -> None:
         raise LaunchError(f"kv_load_failure: expected fail or recompute, got {spec.kv_load_failure!r}")
     if spec.kv_channel == "shared-storage" and not spec.kv_storage_path:
         raise LaunchError("kv_storage_path: the shared-storage channel needs a directory")
+    if spec.enable_auto_tool_choice and not spec.tool_call_parser:
+        # vLLM refuses to start so, but only after loading the model.
+        raise LaunchError("enable_auto_tool_choice: needs a tool_call_parser")
+    if spec.chat_template_path is not None and not Path(spec.chat_template_path).is_absolute():
+        raise LaunchError(f"chat_template_path: must be absolute, got {spec.chat_template_path!r}")
 
 
 def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
@@ -114,6 +131,16 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
                  json.dumps(spec.sampling_defaults, separators=(",", ":"), sort_keys=True)]
     if spec.block_size is not None:
         argv += ["--block-size", str(spec.block_size)]
+    if spec.tool_call_parser:
+        argv += ["--tool-call-parser", spec.tool_call_parser]
+    if spec.enable_auto_tool_choice:
+        argv += ["--enable-auto-tool-choice"]
+    if spec.chat_template_path is not None:
+        argv += ["--chat-template", spec.chat_template_path]
+    if spec.reasoning_parser:
+        argv += ["--reasoning-parser", spec.reasoning_parser]
+    if spec.enforce_eager:
+        argv += ["--enforce-eager"]
     env = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -128,8 +155,8 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_gib)
         if spec.cpu_cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in spec.cpu_cores)
-    if spec.data_dir:
-        cache = Path(spec.data_dir) / "cache"
+    if spec.cache_dir:
+        cache = Path(spec.cache_dir)
         env.update(
             VLLM_CACHE_ROOT=str(cache / "vllm"),
             TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
@@ -181,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-load-failure", choices=list(KV_LOAD_FAILURE_POLICIES),
                         default="fail", help="decode: fail a request whose KV cannot be loaded, "
                                              "or recompute its prompt")
+    parser.add_argument("--tool-call-parser", default="", help="vLLM tool-call parser, e.g. hermes")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='let the model choose to call tools (tool_choice "auto")')
+    parser.add_argument("--chat-template", help="a Jinja chat template file instead of the model's")
+    parser.add_argument("--reasoning-parser", default="", help="vLLM reasoning parser")
     parser.add_argument("--dry-run", action="store_true", help="print the command and exit")
     return parser
 
@@ -206,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
             gpu_indices=args.gpus,
             kv_cache_gib=args.kv_cache_gib,
             kv_load_failure=args.kv_load_failure,
+            tool_call_parser=args.tool_call_parser,
+            enable_auto_tool_choice=args.enable_auto_tool_choice,
+            chat_template_path=os.path.abspath(args.chat_template) if args.chat_template else None,
+            reasoning_parser=args.reasoning_parser,
         )
     try:
         command, extra_env = build_command(spec)

@@ -273,8 +273,9 @@ class ReferenceServer:
     max_model_len: int = 2048
     cores: tuple[int, ...] = ()
     kv_cache_gib: int = 1
-    data_dir: str | None = None
+    cache_dir: str | None = None
     served_model_name: str = "reference"
+    enforce_eager: bool = False
 
 
 def free_port() -> int:
@@ -288,7 +289,8 @@ def server_command(server: ReferenceServer, port: int) -> tuple[list[str], dict[
     return build_command(WorkerSpec(
         role="colocated", model_path=server.model_path, served_model_name=server.served_model_name,
         port=port, max_model_len=server.max_model_len, dtype=server.dtype,
-        cpu_cores=server.cores, kv_cache_gib=server.kv_cache_gib, data_dir=server.data_dir,
+        cpu_cores=server.cores, kv_cache_gib=server.kv_cache_gib, cache_dir=server.cache_dir,
+        enforce_eager=server.enforce_eager,
     ))
 
 

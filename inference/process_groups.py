@@ -17,8 +17,15 @@ import psutil
 
 log = logging.getLogger("pdserve.processes")
 
-# A record is written just after the spawn, so the process is a little older than it.
-START_TIME_TOLERANCE_S = 5.0
+# A record is written just after the spawn, so the process is a little older than it; and a
+# process's start time is the kernel's boot time plus its age, and the boot time moves when the
+# wall clock is corrected: in a VM that the host pauses, the wall clock jumps at resume. Seen in
+# a fresh-clone make test: two workers' start times read 17 s and 21 s after the times their
+# supervisor recorded (it logged them started before the kernel's clock said they were), so
+# with 5 s the next supervisor took them for gone, started second copies on the same ports and
+# left them orphaned. A pid taken by an unrelated process within two minutes of the recorded
+# start is far less likely than such a jump.
+START_TIME_TOLERANCE_S = 120.0
 
 
 def is_same_process(pid: int | None, started_at: datetime.datetime | None) -> bool:

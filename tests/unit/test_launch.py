@@ -134,6 +134,11 @@ def test_workers_never_reach_a_model_hub() -> None:
     assert env["TRANSFORMERS_OFFLINE"] == "1"
 
 
+def test_enforce_eager_is_vllms_flag_and_off_by_default() -> None:
+    assert "--enforce-eager" not in build_command(spec())[0]
+    assert "--enforce-eager" in build_command(spec(enforce_eager=True))[0]
+
+
 def test_extra_args_come_last_so_they_can_override() -> None:
     argv, _env = build_command(spec(extra_args=("--max-num-seqs", "4")))
     assert argv[-2:] == ["--max-num-seqs", "4"]
