@@ -17,6 +17,7 @@ from console.checks import (
     ports,
     quant,
     sampling,
+    tools,
 )
 from console.checks import tokenizer as tokenizers
 from console.checks.base import Check, Outcome, Result, Severity
@@ -33,6 +34,8 @@ CHECKS: tuple[Check, ...] = (
     context.context_length,
     tokenizers.tokenizer_hash,
     tokenizers.chat_template_hash,
+    tools.chat_template_override,
+    tools.parsers,
     sampling.sampling_defaults,
     inference_engine.engine_version,
     inference_engine.engine_connector,

@@ -41,6 +41,8 @@ class PlanForm(forms.ModelForm):
                   "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
                   "sampling_defaults", "router_port",
                   "prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms",
+                  "degraded_mode", "tool_call_parser", "enable_auto_tool_choice",
+                  "reasoning_parser", "chat_template",
                   "gate_mode", "gate_prompts", "gate_min_agreement", "gate_max_mean_delta",
                   "gate_action"]
         labels = {"max_model_len": "Context length", "kv_cache_gib": "KV cache size (GiB)",
@@ -48,7 +50,10 @@ class PlanForm(forms.ModelForm):
                   "kv_channel": "Transfer channel", "block_size": "Block size",
                   "gate_mode": "Output gate", "gate_prompts": "Gate prompts",
                   "gate_min_agreement": "Gate: min top-1 agreement",
-                  "gate_max_mean_delta": "Gate: max mean |Δ logprob|", "gate_action": "Gate action"}
+                  "gate_max_mean_delta": "Gate: max mean |Δ logprob|", "gate_action": "Gate action",
+                  "degraded_mode": "Degraded mode", "tool_call_parser": "Tool-call parser",
+                  "enable_auto_tool_choice": "Auto tool choice",
+                  "reasoning_parser": "Reasoning parser", "chat_template": "Chat template"}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -57,11 +62,18 @@ class PlanForm(forms.ModelForm):
         if self.instance.pk:
             # The name keys the deployment's log and KV directories.
             self.fields["name"].disabled = True
+        # A template's leading and trailing whitespace is part of the prompts it renders.
+        self.fields["chat_template"].strip = False
         for field in self.fields.values():
             # Positive integer fields add a generic ">= 0" that would hide the model's real
             # lower bound (e.g. a context length of at least 16).
             field.validators = [v for v in field.validators
                                 if not (isinstance(v, MinValueValidator) and v.limit_value == 0)]
+
+    def clean_chat_template(self) -> str:
+        # Browsers send a text area's lines ending in CRLF; vLLM would put each \r into the
+        # prompts, which the model's template never does.
+        return self.cleaned_data["chat_template"].replace("\r\n", "\n")
 
     def clean_sampling_defaults(self) -> dict[str, Any]:
         # An emptied text area means "no overrides", not SQL NULL.

@@ -28,6 +28,14 @@ validate_engine_version = RegexValidator(
     r"^[0-9]+\.[0-9]+(\.[0-9]+)?([.+-][A-Za-z0-9.]+)?$", "a vLLM version such as 0.32.0")
 
 
+# A parser name as vLLM registers them (hermes, llama3_json, granite-20b-fc); whether the
+# node's vLLM has it is the tools.parsers check's question, since reading that takes the engine.
+validate_parser_name = RegexValidator(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                                      "a vLLM parser name such as hermes or llama3_json")
+# Chat templates of real models run to a few KiB (Llama 3.1's is ~5 KiB).
+MAX_CHAT_TEMPLATE = 65_536
+
+
 def validate_deployment_name(value: str) -> None:
     if value in RESERVED_NAMES:
         raise ValidationError(f"{value!r} is reserved; choose another name")
@@ -150,6 +158,26 @@ class Deployment(models.Model):
         default=dict, blank=True, validators=[validate_sampling_defaults],
         help_text="default sampling parameters for every worker, e.g. {\"temperature\": 0}",
     )
+    # Tool calling and templates: passed to every worker (and the template to the router too,
+    # which renders chat prompts itself for length checks and the PD hand-off).
+    tool_call_parser = models.CharField(
+        max_length=60, blank=True, validators=[validate_parser_name],
+        help_text="vLLM tool-call parser (--tool-call-parser), e.g. hermes, llama3_json, "
+                  "pythonic; empty: none")
+    enable_auto_tool_choice = models.BooleanField(
+        default=False,
+        help_text='let the model decide when to call tools (tool_choice "auto"); needs a '
+                  "tool-call parser")
+    chat_template = models.TextField(
+        blank=True, max_length=MAX_CHAT_TEMPLATE,
+        help_text="Jinja chat template for every worker and the router; empty: the model's own")
+    reasoning_parser = models.CharField(
+        max_length=60, blank=True, validators=[validate_parser_name],
+        help_text="vLLM reasoning parser (--reasoning-parser), e.g. deepseek_r1; empty: none")
+    degraded_mode = models.BooleanField(
+        default=True,
+        help_text="when no prefill worker is ready the router prefills on decode, and when no "
+                  "decode worker is ready prefill runs whole requests; off: answer 503")
     router_host = models.GenericIPAddressField(default="127.0.0.1")
     router_port = models.PositiveIntegerField(default=8080, validators=[validate_port])
     prefill_policy = models.CharField(
@@ -193,6 +221,12 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValidationError({"enable_auto_tool_choice": (
+                "needs a tool-call parser: vLLM cannot read tool calls out of the model's text "
+                "without one; set tool_call_parser (e.g. hermes)")})
 
     @property
     def router_url(self) -> str:

@@ -139,7 +139,7 @@ def test_a_plan_is_edited_with_put_and_patch(api: APIClient, variant: Variant) -
 def test_routing_policies_are_stored_and_reach_the_router_command(api: APIClient,
                                                                    variant: Variant) -> None:
     router = {"port": free_port(), "prefill_policy": "prefix_aware", "decode_policy": "round_robin",
-              "pd_policy": "remote", "stall_budget_ms": 400}
+              "pd_policy": "remote", "stall_budget_ms": 400, "degraded_mode": False}
     created = api.post(URL, plan_body(variant, router=router), format="json")
     assert created.status_code == 201, created.content
     assert created.json()["router"] == {"host": "127.0.0.1", **router}
@@ -151,6 +151,7 @@ def test_routing_policies_are_stored_and_reach_the_router_command(api: APIClient
     assert flags["--decode-policy"] == "round_robin"
     assert flags["--pd-policy"] == "remote"
     assert flags["--stall-budget-ms"] == "400"
+    assert "--no-degraded-mode" in argv
     assert flags["--prefix-block-size"] == "128"  # the CPU engine's KV block
     # Shared storage has no handshake to warm.
     assert "--kv-warmup-tokens" not in flags
@@ -304,7 +305,7 @@ def form_data(variant: Variant, node: Node, **changes: str) -> dict[str, str]:
         "kv_cache_dtype": "auto", "dtype": "bfloat16", "engine_version": node.engine_version,
         "sampling_defaults": '{"temperature": 0}', "router_port": str(free_port()),
         "prefill_policy": "least_outstanding", "decode_policy": "least_outstanding",
-        "pd_policy": "pd_adaptive", "stall_budget_ms": "250",
+        "pd_policy": "pd_adaptive", "stall_budget_ms": "250", "degraded_mode": "on",
         "kv_load_failure": "fail", "gate_mode": "auto", "gate_prompts": "8", "gate_min_agreement": "0.9",
         "gate_max_mean_delta": "0.5", "gate_action": "block",
     }

@@ -116,6 +116,8 @@ class RouterSerializer(serializers.Serializer):
                                             required=False)
     pd_policy = serializers.ChoiceField(choices=Deployment.PDPolicy.choices, required=False)
     stall_budget_ms = serializers.IntegerField(required=False, min_value=1, max_value=60_000)
+    degraded_mode = serializers.BooleanField(
+        required=False, help_text=Deployment._meta.get_field("degraded_mode").help_text)
 
 
 class PlanSerializer(serializers.ModelSerializer):
@@ -133,10 +135,13 @@ class PlanSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
+        # A template's whitespace is part of the prompts it renders.
+        extra_kwargs = {"chat_template": {"trim_whitespace": False}}
         fields = ["name", "team", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
-                  "sampling_defaults", "prefill",
+                  "sampling_defaults", "tool_call_parser", "enable_auto_tool_choice",
+                  "chat_template", "reasoning_parser", "prefill",
                   "decode", "colocated", "router", "gate"]
 
     def validate_name(self, name: str) -> str:
@@ -162,7 +167,8 @@ class PlanSerializer(serializers.ModelSerializer):
         router = data.pop("router", {})
         if "port" in router:
             data["router_port"] = router["port"]
-        for key in ("prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms"):
+        for key in ("prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms",
+                    "degraded_mode"):
             if key in router:
                 data[key] = router[key]
         data.update(plan_fields(data.pop("gate", {})))
