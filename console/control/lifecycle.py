@@ -15,7 +15,7 @@ from django.db import transaction
 
 from console.audit.entries import record, snapshot
 from console.checks.suite import Report, run_checks
-from console.control.worker_specs import kv_storage_path
+from console.control.worker_specs import chat_template_path, kv_storage_path
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput, save_plan
 from console.gateway.services import keys_file_path
@@ -101,8 +101,9 @@ def preview(data: PlanInput, deployment: Deployment | None = None) -> Report:
 
 def delete(deployment: Deployment) -> None:
     """Remove a stopped deployment: its plan, its processes' rows and logs, its router's keys
-    file and its KV directory. Its audit entries stay (they name it, they do not point at it).
-    Raises :class:`StillRunning` while it is wanted running or any of its processes is alive."""
+    file, its chat template file and its KV directory. Its audit entries stay (they name it,
+    they do not point at it). Raises :class:`StillRunning` while it is wanted running or any
+    of its processes is alive."""
     with transaction.atomic():
         # Locked, so that a start cannot slip in between the check and the delete.
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
@@ -113,7 +114,7 @@ def delete(deployment: Deployment) -> None:
         if alive:
             raise StillRunning(f"{locked.name} is stopping: {', '.join(alive)} still alive; "
                                "delete it once the supervisor has stopped them")
-        files = [keys_file_path(locked), kv_storage_path(locked),
+        files = [keys_file_path(locked), kv_storage_path(locked), chat_template_path(locked),
                  Path(settings.PDSERVE_LOG_DIR) / locked.name]
         record("deployment.delete", locked, before=plan_record(locked), after={})
         locked.delete()

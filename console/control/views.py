@@ -10,7 +10,7 @@ from console.accounts.models import Role, Team
 from console.accounts.roles import may, require, role_in, visible, visible_teams
 from console.checks.suite import Report
 from console.control import lifecycle
-from console.control.status import overall_state
+from console.control.status import degraded_role, overall_state
 from console.deployments.forms import PlanEditor
 from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
@@ -41,6 +41,7 @@ def _context(request: HttpRequest, deployment: Deployment) -> dict[str, object]:
     return {
         "deployment": deployment,
         "state": overall_state(deployment, processes),
+        "degraded": degraded_role(processes),
         "processes": [(p, p.tail(5)) for p in processes],
         # What the page offers: buttons for what the role may do, nothing else.
         "can_operate": held is not None and held.rank >= Role.OPERATOR.rank,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,8 +35,34 @@ def kv_channel(deployment: Deployment) -> KVChannel:
     return make_channel(deployment.kv_channel, storage_path=kv_storage_path(deployment))
 
 
+def chat_template_path(deployment: Deployment) -> Path:
+    return Path(settings.DATA_DIR) / "templates" / f"{deployment.name}.jinja"
+
+
+def write_chat_template(deployment: Deployment) -> Path | None:
+    """The plan's chat template as a file every worker and the router read at start, or None
+    when the plan keeps the models' own. Replaced in one rename, so that a starting process
+    never reads half a template; rewritten only when it changed (this runs on every tick)."""
+    if not deployment.chat_template:
+        return None
+    path = chat_template_path(deployment)
+    if path.is_file() and path.read_text(encoding="utf-8") == deployment.chat_template:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(deployment.chat_template)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def worker_spec(deployment: Deployment, worker: WorkerPlan,
-                handshake_compat: bool = True) -> WorkerSpec:
+                handshake_compat: bool = True, chat_template: Path | None = None) -> WorkerSpec:
+    """``chat_template``: the file :func:`write_chat_template` wrote, when the plan has one."""
     return WorkerSpec(
         role=worker.role,
         model_path=worker.variant.path,
@@ -54,7 +82,12 @@ def worker_spec(deployment: Deployment, worker: WorkerPlan,
         kv_load_failure=deployment.kv_load_failure,
         dtype=deployment.dtype,
         sampling_defaults=dict(deployment.sampling_defaults or {}),
-        data_dir=str(settings.DATA_DIR),
+        tool_call_parser=deployment.tool_call_parser,
+        enable_auto_tool_choice=deployment.enable_auto_tool_choice,
+        chat_template_path=str(chat_template) if chat_template is not None else None,
+        reasoning_parser=deployment.reasoning_parser,
+        cache_dir=str(settings.PDSERVE_CACHE_DIR),
+        enforce_eager=settings.PDSERVE_ENFORCE_EAGER,
     )
 
 
@@ -69,7 +102,8 @@ def transfer_block_tokens(deployment: Deployment, workers: list[WorkerPlan]) -> 
     return 16 if any(worker.gpu_indices for worker in workers) else 128
 
 
-def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
+def router_argv(deployment: Deployment, workers: list[WorkerPlan],
+                chat_template: Path | None = None) -> list[str]:
     by_role: dict[str, list[WorkerPlan]] = {}
     for worker in workers:
         by_role.setdefault(worker.role, []).append(worker)
@@ -88,6 +122,11 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
         # prefix_aware hashes whole blocks, so the router's block must be the workers'.
         "--prefix-block-size", str(transfer_block_tokens(deployment, workers)),
     ]
+    if chat_template is not None:
+        # The router renders chat prompts itself (length checks, the PD hand-off's comparison
+        # with prefill's tokens): with another template than the workers' every hand-off
+        # would fall back to decode recomputing the prompt.
+        argv += ["--chat-template", str(chat_template)]
     if deployment.mode == Deployment.Mode.COLOCATED:
         argv += ["--colocated-policy", deployment.decode_policy]
     else:
@@ -95,6 +134,8 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan]) -> list[str]:
                  "--decode-policy", deployment.decode_policy,
                  "--pd-policy", deployment.pd_policy,
                  "--stall-budget-ms", str(deployment.stall_budget_ms)]
+        if not deployment.degraded_mode:
+            argv += ["--no-degraded-mode"]
         if uses_transfer_params(deployment.kv_channel):
             # vLLM connects a NIXL pair on its first hand-off; the router makes that one
             # itself (two blocks, so that a whole block moves) before it reports healthy.
@@ -111,9 +152,11 @@ def process_specs(deployment: Deployment) -> list[ProcessSpec]:
     workers = list(deployment.workers.select_related("variant", "node").order_by("role", "index"))
     # NIXL's path check goes off only where the plan checks proved the caches compatible.
     handshake_compat = enforce_handshake_compat(deployment)
+    chat_template = write_chat_template(deployment)
     specs = []
     for worker in workers:
-        argv, env = build_command(worker_spec(deployment, worker, handshake_compat))
+        argv, env = build_command(worker_spec(deployment, worker, handshake_compat,
+                                              chat_template))
         specs.append(ProcessSpec(slot=worker.slot, role=worker.role, port=worker.port,
                                  argv=argv, env=env))
     router_env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -122,7 +165,8 @@ def process_specs(deployment: Deployment) -> list[ProcessSpec]:
     # The router reads the current key set at start; the console pushes later changes through
     # the admin API with this token (environment, never argv: argv shows in `ps`).
     router_env["PDSERVE_ROUTER_ADMIN_TOKEN"] = admin_token(deployment)
-    router_args = [*router_argv(deployment, workers), "--keys-file", str(write_keys_file(deployment))]
+    router_args = [*router_argv(deployment, workers, chat_template),
+                   "--keys-file", str(write_keys_file(deployment))]
     specs.append(ProcessSpec(slot="router", role="router", port=deployment.router_port,
                              argv=router_args, env=router_env))
     return specs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -56,6 +58,36 @@ def engine() -> tuple[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return "", ""
+
+
+# Where vLLM 0.32 lists its parsers: a dict literal of name -> (module, class) that its
+# managers register lazily at import.
+PARSER_REGISTRIES = {
+    "tool_call": ("vllm/tool_parsers/__init__.py", "_TOOL_PARSERS_TO_REGISTER"),
+    "reasoning": ("vllm/reasoning/__init__.py", "_REASONING_PARSERS_TO_REGISTER"),
+}
+
+
+@functools.cache
+def engine_parsers(kind: str, package: str, version: str) -> frozenset[str] | None:
+    """The names of the installed vLLM's tool-call or reasoning parsers (``kind``), read from
+    its source without importing it (importing vllm takes ~13 s here); None when they cannot
+    be read (no vLLM, or a version that lists them elsewhere). ``version`` keys the cache."""
+    if not package:
+        return None
+    relative, variable = PARSER_REGISTRIES[kind]
+    try:
+        source = Path(str(importlib.metadata.distribution(package).locate_file(relative)))
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (importlib.metadata.PackageNotFoundError, OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets)
+                and isinstance(node.value, ast.Dict)):
+            return frozenset(key.value for key in node.value.keys
+                             if isinstance(key, ast.Constant) and isinstance(key.value, str))
+    return None
 
 
 def kv_connectors(engine_version: str) -> list[str]:

@@ -118,7 +118,8 @@ class GateRunner:
         reference = f"{variant} ({deployment.dtype})"
         server = ReferenceServer(model_path=variant.path, port=0, dtype=deployment.dtype,
                                  max_model_len=deployment.max_model_len,
-                                 data_dir=str(settings.DATA_DIR))
+                                 cache_dir=str(settings.PDSERVE_CACHE_DIR),
+                                 enforce_eager=settings.PDSERVE_ENFORCE_EAGER)
         log_path = self.log_dir / deployment.name / "gate-reference.log"
         try:
             prompts = load_prompts(gate.prompts)

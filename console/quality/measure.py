@@ -122,7 +122,8 @@ def _measure(measurement: VariantMeasurement) -> dict[str, object]:
     def server(path: str, part: str, name: str) -> AbstractContextManager[ManagedProcess]:
         """One vLLM server of the measurement (``part``: reference or variant)."""
         return served(ReferenceServer(model_path=path, port=0, dtype=measurement.dtype, cores=cores,
-                                      data_dir=str(settings.DATA_DIR)),
+                                      cache_dir=str(settings.PDSERVE_CACHE_DIR),
+                                      enforce_eager=settings.PDSERVE_ENFORCE_EAGER),
                       ManagedProcess.Kind.MEASUREMENT, f"measure-{measurement.pk}-{part}",
                       log_dir / f"{measurement.pk}-{name}.log")
 

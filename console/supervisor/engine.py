@@ -2,7 +2,9 @@
 the process table, whatever its kind.
 
 Planned kinds (a deployment's workers and router) are spawned by the control loop from the plan
-and restarted with backoff when they exit. Requested kinds (gate reference servers, measurement
+and restarted with backoff when they exit. They outlive a supervisor that dies: each writes its
+output straight to its log file, which the supervisor follows, so the next supervisor adopts the
+ones still running instead of restarting them. Requested kinds (gate reference servers, measurement
 servers, quantization builders) are spawned from their rows once ``wanted=running``, are never
 restarted, and are stopped when their requester sets ``wanted=stopped`` or is gone.
 """
@@ -17,14 +19,16 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import IO
 
 import httpx
 from django.conf import settings
 from django.utils import timezone
 
+from console.deployments.models import Deployment
 from console.supervisor.capture import CapturedLine, clean_line
+from console.supervisor.log_follow import LogFollow, follow_log
 from console.supervisor.models import ManagedProcess
 from inference.process_groups import is_same_process, kill_group
 
@@ -44,17 +48,37 @@ DIE_WITH_SUPERVISOR = ["setpriv", "--pdeathsig", "TERM", "--"]
 
 
 @dataclass
+class Adopted:
+    """A process a previous supervisor started and this one took over. Not this process's child,
+    so its exit code cannot be read: it is known by pid and start time (a pid may be reused)."""
+
+    pid: int
+    started_at: datetime
+
+    def alive(self) -> bool:
+        return is_same_process(self.pid, self.started_at)
+
+
+@dataclass
 class Child:
     record_id: int
     deployment_id: int | None
     slot: str
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | Adopted
     capture: threading.Thread
+    follow: LogFollow
     kind: str = Kind.WORKER
     stop_deadline: float | None = None
     next_probe: float = 0.0
     # Why it is being stopped when that is a failure (its requester vanished), else "".
     failure: str = ""
+
+    def ended(self) -> tuple[bool, int | None]:
+        """Whether the process has exited, and its exit code when it is known."""
+        if isinstance(self.popen, Adopted):
+            return not self.popen.alive(), None
+        code = self.popen.poll()
+        return code is not None, code
 
 
 @dataclass
@@ -77,12 +101,19 @@ class ProcessEngine:
 
     # ---- start-up ----------------------------------------------------------------------
     def recover(self) -> int:
-        """Mark rows a previous supervisor left alive failed, killing what still runs of them.
-        Returns how many were fixed."""
+        """Settle the rows a previous supervisor left alive: adopt the planned processes still
+        running for a deployment that should run; mark the others failed, killing what still
+        runs of them. Returns how many rows were settled."""
         fixed = 0
-        for record in ManagedProcess.objects.filter(state__in=ManagedProcess.ALIVE_STATES):
-            if is_same_process(record.pid, record.started_at):
-                # Still running but nobody supervises it: it would hold its ports forever.
+        for record in ManagedProcess.objects.filter(
+                state__in=ManagedProcess.ALIVE_STATES).select_related("deployment"):
+            alive = is_same_process(record.pid, record.started_at)
+            if alive and adoptable(record):
+                self.adopt(record)
+                fixed += 1
+                continue
+            if alive:
+                # Running but nobody will supervise it: it would hold its ports forever.
                 kill_group(record.pid, signal.SIGKILL)
                 error = "orphaned by a previous supervisor; killed"
             else:
@@ -108,14 +139,15 @@ class ProcessEngine:
     def reap(self) -> bool:
         did = False
         for record_id, child in list(self.children.items()):
-            code = child.popen.poll()
-            if code is None:
+            ended, code = child.ended()
+            if not ended:
                 if child.stop_deadline is not None and time.monotonic() > child.stop_deadline:
                     kill_group(child.popen.pid, signal.SIGKILL)
                 continue
             did = True
             # The leader is gone; make sure no engine subprocess of its group outlives it.
             kill_group(child.popen.pid, signal.SIGKILL)
+            child.follow.finish()
             child.capture.join(timeout=5)
             del self.children[record_id]
             if child.kind not in ManagedProcess.PLANNED_KINDS:
@@ -136,7 +168,7 @@ class ProcessEngine:
             backoff.failures += 1
             delay = min(MAX_BACKOFF_S, 2.0 ** (backoff.failures - 1))
             backoff.retry_at = time.monotonic() + delay
-            error = f"exited with code {code}; restarting in {delay:.0f} s. " \
+            error = f"{exited(code)}; restarting in {delay:.0f} s. " \
                     f"Last log line: {last_line(record)}"
             log.warning("%s: %s", record, error)
             ManagedProcess.objects.filter(pk=record_id).update(
@@ -155,7 +187,7 @@ class ProcessEngine:
             # Stopped on request, or a job (no port) that finished its work.
             state, error = State.STOPPED, ""
         else:
-            state, error = State.FAILED, f"exited with code {code}. Last log line: {last_line(record)}"
+            state, error = State.FAILED, f"{exited(code)}. Last log line: {last_line(record)}"
         if error:
             log.warning("%s: %s", record, error)
         ManagedProcess.objects.filter(pk=record.pk).update(
@@ -223,8 +255,12 @@ class ProcessEngine:
             if record is None:
                 continue  # its row was deleted in the admin; reap() forgets it once it exits
             # A process without a port (a builder) is ready once it runs.
-            healthy = record.port is None or self._probe(record.url)
+            healthy, degraded = (True, "") if record.port is None else self._probe(record.url)
             child.next_probe = now + (1.0 if record.state == State.STARTING else 2.0)
+            if degraded != record.degraded:
+                ManagedProcess.objects.filter(pk=record.pk).update(
+                    degraded=degraded, updated=timezone.now())
+                did = True
             if healthy and record.state == State.STARTING:
                 ManagedProcess.objects.filter(pk=record.pk).update(
                     state=State.READY, ready_at=timezone.now(), last_error="",
@@ -243,8 +279,9 @@ class ProcessEngine:
     # ---- spawning and stopping ---------------------------------------------------------
     def spawn(self, record: ManagedProcess, argv: list[str], env: dict[str, str],
               restarts: int | None = None) -> Child | None:
-        """Start ``argv`` for ``record``: its own process group, output to its log file and to
-        the capture queue. The row becomes ``starting`` with the pid and start time."""
+        """Start ``argv`` for ``record``: its own process group, output straight to its log file,
+        which a thread follows into the capture queue. The row becomes ``starting`` with the pid
+        and start time."""
         log_path = Path(record.log_path)
         header = f"=== pdserve {timezone.now().isoformat(timespec='seconds')} starting " \
                  f"{record.slot}: {' '.join(argv)}\n".encode()
@@ -253,6 +290,7 @@ class ProcessEngine:
             log_file = open(log_path, "ab")  # noqa: SIM115 - the capture thread closes it
             log_file.write(header)
             log_file.flush()
+            offset = log_file.tell()
         except OSError as exc:
             self._unstartable(record, f"cannot write its log {log_path}: {exc.strerror or exc}")
             return None
@@ -260,7 +298,9 @@ class ProcessEngine:
         try:
             popen = subprocess.Popen(  # noqa: S603 - argv built from a validated plan or request
                 launch,
-                stdout=subprocess.PIPE,
+                # The file, not a pipe to this process: a worker must not lose its output, or
+                # die of a broken pipe, when the supervisor dies; the next one follows the file.
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **env},
@@ -270,21 +310,55 @@ class ProcessEngine:
                 start_new_session=True,
             )
         except OSError as exc:
-            log_file.close()
             self._unstartable(record, f"cannot start {launch[0] if launch else 'an empty command'}: "
                                       f"{exc.strerror or exc}")
             return None
+        finally:
+            log_file.close()  # the child has its own copy
         fields: dict[str, object] = {"restarts": restarts} if restarts is not None else {}
         ManagedProcess.objects.filter(pk=record.pk).update(
-            pid=popen.pid, state=State.STARTING, command=argv, exit_code=None,
+            pid=popen.pid, state=State.STARTING, command=argv, exit_code=None, degraded="",
             started_at=timezone.now(), ready_at=None, updated=timezone.now(), **fields)
         self.captured.put(CapturedLine(record.pk, clean_line(header), timezone.now()))
-        capture = threading.Thread(target=self._capture, args=(record.pk, popen, log_file),
-                                   name=f"capture-{record.slot}", daemon=True)
-        capture.start()
-        child = Child(record.pk, record.deployment_id, record.slot, popen, capture, kind=record.kind)
-        self.children[record.pk] = child
+        child = self._follow(record, popen, log_path, offset)
         log.info("started %s/%s pid %d", record.owner_name, record.slot, popen.pid)
+        return child
+
+    def adopt(self, record: ManagedProcess) -> Child:
+        """Take over ``record``'s running process, which a previous supervisor started: its
+        row keeps its state, pid and restart count, and its log is followed from its end (the
+        lines written while no supervisor ran are in the file)."""
+        assert record.pid is not None and record.started_at is not None
+        log_path = Path(record.log_path)
+        note = f"=== pdserve {timezone.now().isoformat(timespec='seconds')} adopted " \
+               f"{record.slot} (pid {record.pid}) after a supervisor restart\n".encode()
+        try:
+            with open(log_path, "ab") as log_file:
+                log_file.write(note)
+                log_file.flush()
+                offset = log_file.tell()
+        except OSError as exc:
+            # Followed from its end all the same: never the whole file again.
+            log.warning("%s: cannot write to its log %s (%s)", record.slot, log_path,
+                        exc.strerror or exc)
+            offset = log_path.stat().st_size if log_path.exists() else 0
+        self.captured.put(CapturedLine(record.pk, clean_line(note), timezone.now()))
+        child = self._follow(record, Adopted(record.pid, record.started_at), log_path, offset)
+        ManagedProcess.objects.filter(pk=record.pk).update(updated=timezone.now())
+        log.info("adopted %s/%s pid %d", record.owner_name, record.slot, record.pid)
+        return child
+
+    def _follow(self, record: ManagedProcess, process: subprocess.Popen[bytes] | Adopted,
+                log_path: Path, offset: int) -> Child:
+        """Register ``process`` as ``record``'s child, with a thread following its log file."""
+        follow = LogFollow(log_path)
+        capture = threading.Thread(target=follow_log,
+                                   args=(record.pk, follow, offset, self.captured),
+                                   name=f"capture-{record.slot}", daemon=True)
+        child = Child(record.pk, record.deployment_id, record.slot, process, capture, follow,
+                      kind=record.kind)
+        self.children[record.pk] = child
+        capture.start()
         return child
 
     def _unstartable(self, record: ManagedProcess, error: str) -> None:
@@ -302,19 +376,6 @@ class ProcessEngine:
         ManagedProcess.objects.filter(pk=record.pk).update(
             state=State.FAILED, pid=None, last_error=error[:500], started_at=timezone.now(),
             updated=timezone.now(), **fields)
-
-    def _capture(self, record_id: int, popen: subprocess.Popen[bytes], log_file: IO[bytes]) -> None:
-        """Copy a child's output line by line to its log file and to the store's queue."""
-        assert popen.stdout is not None
-        try:
-            # hot path: runs once per line a worker prints
-            for raw in iter(popen.stdout.readline, b""):
-                log_file.write(raw)
-                log_file.flush()
-                self.captured.put(CapturedLine(record_id, clean_line(raw), timezone.now()))
-        finally:
-            popen.stdout.close()
-            log_file.close()
 
     def stop(self, child: Child, grace_s: float = STOP_GRACE_S) -> None:
         child.stop_deadline = time.monotonic() + grace_s
@@ -334,12 +395,47 @@ class ProcessEngine:
             self.reap()
             time.sleep(0.1)
 
-    def _probe(self, url: str) -> bool:
+    def _probe(self, url: str) -> tuple[bool, str]:
+        """Whether ``url`` answers /health with 200, and the role a router serves without when
+        it answers ``{"status": "degraded", "degraded": role}`` (still 200: it serves)."""
         try:
-            return self.http.get(f"{url}/health").status_code == 200
+            response = self.http.get(f"{url}/health")
         except httpx.HTTPError:
             # Not answering is what the probe measures: the state machine records it.
-            return False
+            return False, ""
+        if response.status_code != 200:
+            return False, ""
+        return True, _degraded_role(response)
+
+
+def _degraded_role(response: httpx.Response) -> str:
+    # vLLM answers /health with an empty body; only the router's is JSON.
+    if "json" not in response.headers.get("content-type", ""):
+        return ""
+    try:
+        answer = response.json()
+    except ValueError:
+        # A body that is not JSON says nothing about degradation; 200 says it is healthy.
+        return ""
+    if not isinstance(answer, dict) or answer.get("status") != "degraded":
+        return ""
+    return str(answer.get("degraded") or "")[:20]
+
+
+def adoptable(record: ManagedProcess) -> bool:
+    """A running process the next supervisor takes over: a deployment's worker or router while
+    the deployment should run, unless it was being stopped (anything else is stopped as an
+    orphan)."""
+    return (record.kind in ManagedProcess.PLANNED_KINDS and record.state != State.STOPPING
+            and record.deployment is not None
+            and record.deployment.desired_state == Deployment.DesiredState.RUNNING
+            and record.pid is not None and record.started_at is not None)
+
+
+def exited(code: int | None) -> str:
+    if code is None:
+        return "exited (its exit code is unknown: a previous supervisor started it)"
+    return f"exited with code {code}"
 
 
 def last_line(record: ManagedProcess) -> str:

@@ -53,6 +53,9 @@ class ManagedProcess(models.Model):
     restarts = models.PositiveIntegerField(default=0)
     exit_code = models.IntegerField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True)
+    # A router whose /health answered "degraded": the role it serves without (no ready worker
+    # of it, the other role serving whole requests); "" when it is not degraded.
+    degraded = models.CharField(max_length=20, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     ready_at = models.DateTimeField(null=True, blank=True)
     updated = models.DateTimeField(auto_now=True)

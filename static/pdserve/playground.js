@@ -22,8 +22,10 @@
     const stats = document.createElement("div");
     stats.className = "stats";
     chat.appendChild(stats);
+    const system = form.system.value.trim();
     const body = {
-      messages: messages,
+      // The system prompt is the form's current one, not part of the kept history.
+      messages: system ? [{ role: "system", content: system }].concat(messages) : messages,
       max_tokens: parseInt(form.max_tokens.value, 10),
       temperature: parseFloat(form.temperature.value),
     };

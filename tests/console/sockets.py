@@ -6,13 +6,21 @@ import socket
 import time
 from collections.abc import Callable
 
+# Ports this test process has handed out: the kernel may give a just-closed port again, and
+# two of one plan's ports alike make a port conflict the test did not mean (seen in CI).
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
     # An ephemeral port from the kernel: clear of the 8000-8400 and 5600-5700 ranges that
-    # deployments and the benchmarks use.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    # deployments and the benchmarks use; never one this process handed out before.
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def listening(port: int) -> bool:

@@ -364,6 +364,107 @@ def test_recover_fails_vanished_records_and_kills_orphans(supervisor: Supervisor
     assert supervisor.recover() == 0
 
 
+# Prints a numbered line every 50 ms until stopped: what a worker writes while no supervisor runs.
+TICKER = """
+import itertools, time
+for n in itertools.count():
+    print(f"tick {n}", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def test_a_running_deployments_processes_outlive_their_supervisor_and_are_adopted(
+        db: None, tmp_path: Path, deployment: Deployment) -> None:
+    """A supervisor that dies leaves its workers writing to their log files (no pipe to break);
+    the next one adopts them: same pid, same row, state and restart count kept, new lines
+    captured; once the adopted process dies, it is restarted like any crash."""
+    Deployment.objects.filter(pk=deployment.pk).update(
+        desired_state=Deployment.DesiredState.RUNNING)
+    first = Supervisor(log_dir=tmp_path / "logs")
+    child = spawn(first, deployment, python_spec("decode-0", TICKER))
+    pid = child.popen.pid
+    ManagedProcess.objects.filter(pk=child.record_id).update(state=State.READY, restarts=2)
+    # One that was being stopped when the supervisor died is not taken over but killed.
+    stopping = spawn(first, deployment, python_spec("prefill-0", SLEEPER))
+    ManagedProcess.objects.filter(pk=stopping.record_id).update(state=State.STOPPING)
+    # The first supervisor is gone without stopping anything (as after SIGKILL): nobody reads
+    # the worker's output any more.
+    stopping_pid = stopping.popen.pid
+    del first, child, stopping
+    log_path = Path(record(deployment, "decode-0").log_path)
+    size = log_path.stat().st_size
+    wait_for(lambda: log_path.stat().st_size > size + 200, "the worker writing on alone")
+
+    second = Supervisor(log_dir=tmp_path / "logs")
+    try:
+        second.prepared.clear()
+        assert second.recover() == 2
+        wait_for(lambda: is_gone(stopping_pid), "the process that was being stopped killed")
+        assert record(deployment, "prefill-0").state == State.FAILED
+        assert second._child_for(deployment.pk, "prefill-0") is None
+        adopted = second._child_for(deployment.pk, "decode-0")
+        assert adopted is not None and adopted.popen.pid == pid
+        row = record(deployment, "decode-0")
+        assert (row.state, row.pid, row.restarts) == (State.READY, pid, 2)
+        assert deployment.pk in second.prepared  # not a fresh start: KV storage kept
+        # Lines written after the adoption reach the capture queue, whole and in order.
+        captured: list[str] = []
+
+        def ticks() -> bool:
+            while not second.captured.empty():
+                captured.append(second.captured.get_nowait().text)
+            return sum(line.startswith("tick ") for line in captured) >= 5
+        wait_for(ticks, "the adopted worker's lines captured")
+        assert "adopted decode-0" in captured[0]
+        numbers = [int(line.split()[1]) for line in captured if line.startswith("tick ")]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+
+        os.killpg(pid, signal.SIGKILL)
+        wait_for(lambda: is_gone(pid), "the adopted worker gone")
+        wait_for(second.reap, "the adopted worker's exit noticed")
+        row = record(deployment, "decode-0")
+        assert row.state == State.FAILED and row.pid is None
+        assert "exit code is unknown" in row.last_error
+    finally:
+        leftovers = [proc for c in second.children.values() for proc in process_tree(c.popen.pid)]
+        second.stop_all(grace_s=1.0)
+        for proc in [*leftovers, *process_tree(pid), *process_tree(stopping_pid)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+
+
+# The leader exits at once; a process of its group writes after it (as vLLM's engine core prints
+# its traceback after the API server died), the last line without a newline.
+OUTLIVED_BY_ITS_GROUP = """
+import os, subprocess, sys
+LATE = (
+    "import os, sys, time\\n"
+    "while os.getppid() == int(sys.argv[1]):\\n"
+    "    time.sleep(0.01)\\n"
+    "print('written after the leader', flush=True)\\n"
+    "sys.stdout.write('no newline at the end')\\n"
+    "sys.stdout.flush()\\n"
+    "time.sleep(60)\\n"
+)
+subprocess.Popen([sys.executable, "-c", LATE, str(os.getpid())])
+print("leader done", flush=True)
+"""
+
+
+def test_every_line_the_group_wrote_before_it_was_reaped_is_captured(
+        supervisor: Supervisor, deployment: Deployment) -> None:
+    child = spawn(supervisor, deployment, python_spec("prefill-0", OUTLIVED_BY_ITS_GROUP))
+    log_path = Path(record(deployment, "prefill-0").log_path)
+    wait_for(lambda: log_path.read_text().endswith("no newline at the end"), "the last write")
+    assert child.popen.poll() is not None
+    assert supervisor.reap() is True
+    assert not child.capture.is_alive()
+    lines = []
+    while not supervisor.captured.empty():
+        lines.append(supervisor.captured.get_nowait().text)
+    assert lines[1:] == ["leader done", "written after the leader", "no newline at the end"]
+
+
 def test_recover_leaves_a_reused_pid_alone(supervisor: Supervisor, deployment: Deployment) -> None:
     # After a reboot the recorded pid may belong to an unrelated program started later.
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)

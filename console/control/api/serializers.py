@@ -7,7 +7,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from console.control.status import overall_state
+from console.control.status import degraded_role, overall_state
 from console.deployments.api.serializers import WorkerPlanSerializer
 from console.deployments.models import Deployment
 from console.quality.api.serializers import GateStatusSerializer, gate_settings
@@ -19,6 +19,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     base_model = serializers.CharField(source="base_model.name")
     state = serializers.SerializerMethodField()
+    degraded = serializers.SerializerMethodField()
     router_url = serializers.CharField()
     router = serializers.SerializerMethodField()
     gate = serializers.SerializerMethodField()
@@ -30,12 +31,21 @@ class DeploymentSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "base_model", "served_model_name", "mode", "max_model_len",
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
-                  "sampling_defaults", "router", "gate",
-                  "router_url", "desired_state", "state", "workers", "processes", "created",
-                  "updated"]
+                  "sampling_defaults", "tool_call_parser", "enable_auto_tool_choice",
+                  "chat_template", "reasoning_parser", "router", "gate",
+                  "router_url", "desired_state", "state", "degraded", "workers", "processes",
+                  "created", "updated"]
 
     def get_state(self, deployment: Deployment) -> str:
         return overall_state(deployment, list(deployment.processes.all()))
+
+    @extend_schema_field({"type": "string", "nullable": True, "enum": ["prefill", "decode", None],
+                          "description": "in state degraded: the role with no ready worker, "
+                                         "which the router serves without"})
+    def get_degraded(self, deployment: Deployment) -> str | None:
+        if deployment.desired_state != Deployment.DesiredState.RUNNING:
+            return None
+        return degraded_role(list(deployment.processes.all())) or None
 
     @extend_schema_field(GateStatusSerializer)
     def get_gate(self, deployment: Deployment) -> dict[str, Any]:
@@ -46,4 +56,5 @@ class DeploymentSerializer(serializers.ModelSerializer):
                 "prefill_policy": deployment.prefill_policy,
                 "decode_policy": deployment.decode_policy,
                 "pd_policy": deployment.pd_policy,
-                "stall_budget_ms": deployment.stall_budget_ms}
+                "stall_budget_ms": deployment.stall_budget_ms,
+                "degraded_mode": deployment.degraded_mode}

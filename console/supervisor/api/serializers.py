@@ -8,8 +8,8 @@ from console.supervisor.models import ManagedProcess
 class ProcessSerializer(serializers.ModelSerializer):
     class Meta:
         model = ManagedProcess
-        fields = ["id", "slot", "role", "port", "pid", "state", "restarts", "exit_code", "last_error",
-                  "started_at", "ready_at"]
+        fields = ["id", "slot", "role", "port", "pid", "state", "degraded", "restarts", "exit_code",
+                  "last_error", "started_at", "ready_at"]
 
 
 class ProcessRowSerializer(ProcessSerializer):

@@ -49,7 +49,9 @@ class Command(BaseCommand):
         supervisor = Supervisor()
         fixed = supervisor.recover()
         if fixed:
-            self.stdout.write(f"supervisor: marked {fixed} leftover process record(s) failed")
+            self.stdout.write(f"supervisor: settled {fixed} process record(s) a previous "
+                              "supervisor left (running ones of running deployments adopted, "
+                              "the rest marked failed)")
         self.stdout.write("supervisor: running", ending="\n")
         self.stdout.flush()
         supervisor.start_log_writer()

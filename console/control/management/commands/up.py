@@ -1,6 +1,8 @@
 """``manage.py up``: run the console and the supervisor with the default deployment started.
 
-Ctrl-C or SIGTERM stops the supervisor, which stops every worker and the router.
+Ctrl-C or SIGTERM stops the supervisor, which stops every worker and the router. A child that
+dies otherwise (the web process, the supervisor, the job worker) is started again: none of them
+serves inference, so losing one must not take the deployments down with the others.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -22,6 +25,34 @@ from console.control import lifecycle
 from console.deployments.defaults import DEFAULT_DEPLOYMENT
 from console.deployments.models import Deployment
 from console.supervisor.models import ManagedProcess
+
+# A child that keeps dying soon after its start waits longer each time (1, 2, 4 ... 30 s), so a
+# broken configuration does not spin; one that ran this long counts as having started fine.
+RESTART_DELAY_S = 1.0
+MAX_RESTART_DELAY_S = 30.0
+STABLE_AFTER_S = 60.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    popen: subprocess.Popen[bytes]
+    started: float
+    quick_exits: int = 0
+    restart_at: float | None = None
+
+    @classmethod
+    def spawn(cls, name: str, argv: list[str]) -> Child:
+        return cls(name, argv, subprocess.Popen(argv, cwd=settings.BASE_DIR), time.monotonic())
+
+    def respawn(self) -> None:
+        self.popen = subprocess.Popen(self.argv, cwd=settings.BASE_DIR)
+        self.started = time.monotonic()
+        self.restart_at = None
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
 
 
 class Command(BaseCommand):
@@ -39,20 +70,15 @@ class Command(BaseCommand):
         started = time.monotonic()
         host, port = settings.PDSERVE_CONSOLE_HOST, settings.PDSERVE_CONSOLE_PORT
         children = [
-            subprocess.Popen([sys.executable, "manage.py", "supervise"], cwd=settings.BASE_DIR),
-            subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host,
-                 "--port", str(port), "--no-access-log", "--lifespan", "off"],
-                cwd=settings.BASE_DIR,
-            ),
+            Child.spawn("supervisor", [sys.executable, "manage.py", "supervise"]),
+            Child.spawn("console web process", [
+                sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", host,
+                "--port", str(port), "--no-access-log", "--lifespan", "off"]),
             # Background jobs (variant hashing): the same Celery code path with or without Redis.
-            subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "console.celery", "--quiet", "worker",
-                 "--pool", "solo",
-                 "--concurrency", "1", "--loglevel", "WARNING", "--without-gossip",
-                 "--without-mingle", "--without-heartbeat"],
-                cwd=settings.BASE_DIR,
-            ),
+            Child.spawn("job worker", [
+                sys.executable, "-m", "celery", "-A", "console.celery", "--quiet", "worker",
+                "--pool", "solo", "--concurrency", "1", "--loglevel", "WARNING",
+                "--without-gossip", "--without-mingle", "--without-heartbeat"]),
         ]
         self.stopping = False
 
@@ -67,25 +93,39 @@ class Command(BaseCommand):
         seen: dict[str, str] = {}
         try:
             while not self.stopping:
-                if any(child.poll() is not None for child in children):
-                    self.stderr.write("pdserve: the console, the supervisor or the job worker "
-                                      "exited; stopping")
-                    break
+                for child in children:
+                    self._restart_if_dead(child)
                 self._report_progress(deployment, seen, time.monotonic() - started)
                 if not announced and _router_ready(deployment.router_url):
                     announced = True
                     self._announce(deployment, host, port, time.monotonic() - started)
                 time.sleep(0.5)
         finally:
-            for child in children:
-                if child.poll() is None:
-                    child.send_signal(signal.SIGTERM)
-            for child in children:
+            running = [child.popen for child in children if child.alive()]
+            for popen in running:
+                popen.send_signal(signal.SIGTERM)
+            for popen in running:
                 try:
-                    child.wait(timeout=40)
+                    popen.wait(timeout=40)
                 except subprocess.TimeoutExpired:
-                    child.kill()
+                    popen.kill()
             self.stdout.write("pdserve: stopped")
+
+    def _restart_if_dead(self, child: Child) -> None:
+        if child.alive():
+            return
+        now = time.monotonic()
+        if child.restart_at is None:
+            ran = now - child.started
+            child.quick_exits = 0 if ran > STABLE_AFTER_S else child.quick_exits + 1
+            delay = min(MAX_RESTART_DELAY_S, RESTART_DELAY_S * 2 ** max(child.quick_exits - 1, 0))
+            child.restart_at = now + delay
+            self.stderr.write(f"pdserve: the {child.name} exited with code "
+                              f"{child.popen.returncode} after {ran:.0f} s; starting it again "
+                              f"in {delay:.0f} s")
+        elif now >= child.restart_at:
+            child.respawn()
+            self.stdout.write(f"pdserve: the {child.name} started again (pid {child.popen.pid})")
 
     def start(self, deployment: Deployment) -> None:
         """Start ``deployment``; its audit entry names this command."""
