@@ -36,7 +36,7 @@ import psutil
 
 from tests.console.sockets import free_port
 from tests.console_api import ConsoleApi
-from tests.tiny_llama import build_tiny_llama
+from tests.tiny_llama import shared_tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2 = Path(os.environ.get("PDSERVE_TEST_MODEL_DIR",
@@ -48,7 +48,7 @@ START_TIMEOUT_S = 420.0
 # How long the console may still call clean processes something other than ready.
 STATE_GRACE_S = 30.0
 # The keys of a deployment's reading that are its state; the others are its plan.
-NOT_PLAN = frozenset({"state", "desired_state", "processes", "created", "updated"})
+NOT_PLAN = frozenset({"state", "desired_state", "degraded", "processes", "created", "updated"})
 
 # Borrowers take turns: the deployment is lent to one at a time.
 _LOCK = threading.Lock()
@@ -174,9 +174,27 @@ class BorrowedDeployment:
             return set()
         try:
             up = psutil.Process(self._up.pid)
-            return {up.pid, *(child.pid for child in up.children(recursive=True))}
+            found = {up.pid, *(child.pid for child in up.children(recursive=True))}
         except psutil.NoSuchProcess:
             return set()
+        # Processes a next supervisor adopted (after a supervisor was killed) are no longer
+        # under `up`: the process table names them.
+        return found | self._recorded_trees()
+
+    def _recorded_trees(self) -> set[int]:
+        """The deployment's processes as the console records them, each with its children."""
+        if self.handle is None:
+            return set()
+        found: set[int] = set()
+        for process in self.handle.processes().values():
+            if not process["pid"]:
+                continue
+            try:
+                leader = psutil.Process(process["pid"])
+                found |= {leader.pid, *(child.pid for child in leader.children(recursive=True))}
+            except psutil.NoSuchProcess:
+                continue
+        return found
 
     # ---- start -------------------------------------------------------------------------
     def _start(self, root: Path | None) -> Handle:
@@ -197,7 +215,7 @@ class BorrowedDeployment:
         if not (SMOLLM2 / "tokenizer.json").is_file():
             subprocess.run([sys.executable, "-m", "inference.prepare_model", "--out", str(SMOLLM2)],
                            cwd=REPO, check=True)
-        self._model = build_tiny_llama(SMOLLM2, root / "tiny-llama")
+        self._model = shared_tiny_llama(SMOLLM2)
         data_dir = root / "data"
         port = free_port()
         env = {**os.environ, "PDSERVE_DATA_DIR": str(data_dir), "PDSERVE_KV_DIR": str(data_dir / "kv"),
@@ -334,7 +352,8 @@ class BorrowedDeployment:
             return body["state"], problems
         try:
             health = httpx.get(f"{handle.router}/health", timeout=5)
-            if health.status_code != 200:
+            # "degraded" is a 200 too, but not clean: one role is serving without the other.
+            if health.status_code != 200 or health.json().get("status") != "ok":
                 return body["state"], [f"router /health {health.status_code}: {health.text[:300]}"]
             answer = handle.complete(prompt="Hello", max_tokens=2)
         except httpx.HTTPError as exc:
@@ -354,13 +373,17 @@ class BorrowedDeployment:
     # ---- the end -----------------------------------------------------------------------
     def close(self) -> None:
         """Stop everything (the supervisor stops the workers and the router)."""
+        family: set[int] = set()
+        try:
+            family = self._recorded_trees()
+        except httpx.HTTPError:
+            pass  # the console is gone: `up`'s own tree below is all that can be found
         up, self._up = self._up, None
         self.handle = None
         if up is None:
             return
-        family: set[int] = set()
         try:
-            family = {child.pid for child in psutil.Process(up.pid).children(recursive=True)}
+            family |= {child.pid for child in psutil.Process(up.pid).children(recursive=True)}
         except psutil.NoSuchProcess:
             pass
         if up.poll() is None:

@@ -3,11 +3,20 @@ the session's borrowable tiny-model deployment (tests/borrowed.py)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from tests.borrowed import Handle, borrow, shutdown
+from tests.tiny_llama import TEST_CACHE_DIR
+
+# Every console a test starts passes it to its workers (settings.PDSERVE_CACHE_DIR).
+os.environ["PDSERVE_CACHE_DIR"] = str(TEST_CACHE_DIR)
+# And starts them without torch.compile (settings.PDSERVE_ENFORCE_EAGER), as do the tests that
+# start vLLM themselves: compiling was most of make test's time (1-5 minutes a server here),
+# and what the tests prove does not depend on it (every comparison is eager on both sides).
+os.environ["PDSERVE_ENFORCE_EAGER"] = "1"
 
 pytest_plugins = ["tests.suite_times"]
 

@@ -4,8 +4,20 @@ rather than text."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Every vLLM server the tests start keeps its caches here, as the workers of one node share
+# the console's PDSERVE_CACHE_DIR: a server whose configuration another test already compiled
+# skips the torch.compile warm-up, and every server after the first skips the model registry's
+# inspection (together 20-60 s a start on this CPU).
+TEST_CACHE_DIR = Path(os.environ.get("PDSERVE_CACHE_DIR", REPO / "data" / "cache"))
+# The 2-layer float32 tiny model tests share, at one path: vLLM's compile cache is keyed on the
+# model's path, so one path lets each server reuse what the first compiled.
+SHARED_TINY = REPO / "data" / "models" / "tiny-llama-2l"
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "generation_config.json")
@@ -32,3 +44,15 @@ def build_tiny_llama(source: Path, out: Path, *, layers: int = 2, dtype: str = "
     for name in TOKENIZER_FILES:
         shutil.copy2(source / name, out / name)
     return out
+
+
+def shared_tiny_llama(source: Path) -> Path:
+    """The 2-layer float32 tiny model at :data:`SHARED_TINY`, built once (written beside it and
+    renamed, so an interrupted build leaves no half model at that path)."""
+    if (SHARED_TINY / "model.safetensors").is_file():
+        return SHARED_TINY
+    SHARED_TINY.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=".tiny-llama-", dir=SHARED_TINY.parent))
+    build_tiny_llama(source, partial)
+    partial.rename(SHARED_TINY)
+    return SHARED_TINY

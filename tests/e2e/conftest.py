@@ -22,6 +22,7 @@ import pytest
 from inference.launch import WorkerSpec, build_command
 from tests.console.sockets import free_port
 from tests.console_api import ConsoleApi
+from tests.tiny_llama import TEST_CACHE_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(os.environ.get(
@@ -104,12 +105,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
     _manage(env, "migrate", "--noinput", "-v", "0")
     _manage(env, "bootstrap", "--model-dir", str(model_dir))
 
-    # The reference: one plain vLLM server with the same model, dtype and sampling defaults.
-    reference_argv, reference_env = build_command(WorkerSpec(
-        role="colocated", model_path=str(model_dir), served_model_name="smollm2",
-        port=reference_port, max_model_len=2048, dtype="float32", cpu_cores=(1,),
-        sampling_defaults={"temperature": 0.0}, data_dir=str(data_dir),
-    ))
     reference_log = open(data_dir / "reference.log", "wb")  # noqa: SIM115
     reference: subprocess.Popen[bytes] | None = None
     console = subprocess.Popen([sys.executable, "manage.py", "up", "--no-start"], cwd=REPO,
@@ -130,6 +125,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         # The reference starts once the deployment is ready, not beside it: three vLLM servers
         # compiling at once on two cores took over 7 minutes on a loaded CI machine.
         stack.wait_for_state("ready")
+        # The reference: one plain vLLM server with the deployment's model, dtype and
+        # sampling defaults.
+        reference_argv, reference_env = build_command(WorkerSpec(
+            role="colocated", model_path=str(model_dir), served_model_name="smollm2",
+            port=reference_port, max_model_len=default["max_model_len"], dtype=default["dtype"],
+            cpu_cores=(1,), sampling_defaults=default["sampling_defaults"], cache_dir=str(TEST_CACHE_DIR),
+            enforce_eager=True,
+        ))
         reference = subprocess.Popen(reference_argv, env={**os.environ, **reference_env},
                                      stdout=reference_log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

@@ -14,6 +14,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.chromium import launched, signed_in
 from tests.e2e.conftest import ADMIN_PASSWORD, Stack
+from tests.e2e.test_default_deployment import QUESTION
 
 pytestmark = pytest.mark.vllm
 
@@ -79,7 +80,9 @@ def test_log_lines_arrive_live_and_a_dropped_socket_loses_nothing(page: Page,
 
 def test_playground_answers_with_ttft_and_tpot(page: Page, stack: Stack) -> None:
     page.goto("/deployments/smollm2-1p1d/playground/")
-    page.fill("textarea[name=prompt]", "What is the capital of France?")
+    # The README's question, with its system prompt (a bf16 greedy answer needs it).
+    page.fill("textarea[name=system]", QUESTION[0]["content"])
+    page.fill("textarea[name=prompt]", QUESTION[1]["content"])
     page.click("#send")
     answer = page.locator(".bubble.assistant")
     expect(answer).to_contain_text("Paris", timeout=60_000)

@@ -18,7 +18,12 @@ from tests.e2e.conftest import Stack
 
 pytestmark = pytest.mark.vllm
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# The README's question. In bfloat16 the greedy answer needs the system prompt: without it
+# "The" and "L" tie as the first token (see the README); with it each token leads by >= 0.875.
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 # Long enough (> one 128-token KV block on the CPU backend) that prefill's KV really moves.
 LONG_PROMPT = (
     "The following is a record of the river towns along the old trade route. "
@@ -159,15 +164,20 @@ def test_one_token_prompts_keep_every_worker_alive(stack: Stack) -> None:
     assert all(p["restarts"] == 0 for p in body["processes"])
 
 
-def test_killed_decode_gives_503_then_supervisor_restarts_it(stack: Stack) -> None:
+def test_killed_decode_leaves_requests_to_prefill_then_supervisor_restarts_it(
+        stack: Stack) -> None:
     decode = next(p for p in stack.deployment()["processes"] if p["slot"] == "decode-0")
+    degraded_before = _metric(stack, 'pdserve_router_degraded_total{missing_role="decode"}')
     os.killpg(decode["pid"], signal.SIGKILL)
     started = time.monotonic()
+    # Degraded mode: with decode gone, prefill answers the whole request.
     response = httpx.post(f"{stack.router}/v1/chat/completions", timeout=30,
                           json={"model": "smollm2", "messages": QUESTION, "max_tokens": 4})
-    assert response.status_code == 503
-    assert "decode" in response.json()["error"]["message"]
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"]
     assert time.monotonic() - started < 10
+    assert _metric(stack, 'pdserve_router_degraded_total{missing_role="decode"}') \
+        == degraded_before + 1
     deadline = time.monotonic() + 420
     restarted: dict = {}
     while time.monotonic() < deadline:

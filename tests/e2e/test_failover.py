@@ -28,7 +28,7 @@ from inference.launch import WorkerSpec, build_command
 from tests.console.sockets import free_port
 from tests.e2e.conftest import START_TIMEOUT_S, _wait_http
 from tests.e2e.stale_prefill import StaleHandoffPrefill
-from tests.tiny_llama import build_tiny_llama
+from tests.tiny_llama import TEST_CACHE_DIR, shared_tiny_llama
 
 pytestmark = pytest.mark.vllm
 
@@ -58,7 +58,7 @@ class Failover:
 @pytest.fixture(scope="module")
 def failover(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Failover]:
     root = tmp_path_factory.mktemp("failover")
-    model = build_tiny_llama(model_dir, root / "tiny-llama")
+    model = shared_tiny_llama(model_dir)
     kv_dir = Path("/dev/shm") / f"pdserve-failover-{os.getpid()}"
     processes: list[subprocess.Popen[bytes]] = []
     handles = []
@@ -80,7 +80,7 @@ def failover(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         argv, env = build_command(WorkerSpec(
             role=role, model_path=str(model), served_model_name="tiny", port=port,
             max_model_len=2048, kv_channel="shared-storage", kv_storage_path=str(kv_dir),
-            cpu_cores=(core,), dtype="float32", data_dir=str(root),
+            cpu_cores=(core,), dtype="float32", cache_dir=str(TEST_CACHE_DIR), enforce_eager=True,
         ))
         stack.workers[name] = spawn(name, argv, env)
     for port, timeout in ((router_port, 60.0), (short_router_port, SHORT_TIMEOUT_S)):
@@ -111,9 +111,12 @@ def failover(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def wait_healthy(router: str, timeout_s: float = 30) -> None:
+    """Until every role has a ready worker: "ok", not "degraded" (also a 200, in which one
+    role serves whole requests and nothing is handed over)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if httpx.get(f"{router}/health", timeout=5).status_code == 200:
+        health = httpx.get(f"{router}/health", timeout=5)
+        if health.status_code == 200 and health.json()["status"] == "ok":
             return
         time.sleep(0.2)
     raise AssertionError(f"{router} not healthy after {timeout_s} s")
@@ -291,15 +294,19 @@ def test_a_decode_killed_mid_stream_ends_the_stream_with_an_error_event(failover
     last = json.loads(events(lines)[-1])
     assert last["error"]["code"] == "decode_failed"
     assert "[DONE]" not in events(lines)
-    # No decode worker left: the router says so, and refuses at once.
+    # No decode worker left: the router says so, and prefill runs whole requests meanwhile
+    # (degraded mode).
     deadline = time.monotonic() + 2
-    while httpx.get(f"{failover.router}/health", timeout=5).status_code != 503:
-        assert time.monotonic() < deadline, "router still healthy without a decode worker"
+    while httpx.get(f"{failover.router}/health", timeout=5).json().get("degraded") != "decode":
+        assert time.monotonic() < deadline, "router not degraded without a decode worker"
         time.sleep(0.05)
+    degraded = metric(failover.router, "pdserve_router_degraded_total", {"missing_role": "decode"})
     response = httpx.post(f"{failover.router}/v1/completions", timeout=10,
                           json={"model": "tiny", "prompt": PROMPT, "max_tokens": 4})
-    assert response.status_code == 503
-    assert response.json()["error"]["code"] == "decode_unavailable"
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 4
+    assert metric(failover.router, "pdserve_router_degraded_total",
+                  {"missing_role": "decode"}) == degraded + 1
 
 
 def test_with_kv_load_failure_recompute_decode_answers_a_stale_hand_off(
@@ -308,12 +315,12 @@ def test_with_kv_load_failure_recompute_decode_answers_a_stale_hand_off(
     (stand-in) prefill announced computes the prompt itself, and the client gets its answer.
     (With the default, `fail`, tests/e2e/test_nixl.py sees a 502 `kv_handoff_failed`.)"""
     root = tmp_path_factory.mktemp("recompute")
-    model = build_tiny_llama(model_dir, root / "tiny-llama")
+    model = shared_tiny_llama(model_dir)
     decode_port, stale_prefill_port, router_port = free_port(), free_port(), free_port()
     argv, env = build_command(WorkerSpec(
         role="decode", model_path=str(model), served_model_name="tiny", port=decode_port,
         max_model_len=2048, kv_channel="nixl", side_channel_port=free_port(), cpu_cores=(1,),
-        dtype="float32", data_dir=str(root), kv_load_failure="recompute",
+        dtype="float32", cache_dir=str(TEST_CACHE_DIR), enforce_eager=True, kv_load_failure="recompute",
     ))
     log = open(root / "decode.log", "wb")  # noqa: SIM115 - closed below
     decode = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log,

@@ -13,20 +13,24 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 import pytest
 
 from inference.launch import WorkerSpec, build_command
+from inference.router.handoff import NIXL_PREFILL_PARAMS
+from inference.router.upstream import prompt_token_ids
 from tests.console.sockets import free_port
 from tests.e2e.conftest import START_TIMEOUT_S, Stack, _wait_http
 from tests.e2e.stale_prefill import StaleHandoffPrefill
 from tests.e2e.test_default_deployment import LONG_PROMPT
 from tests.e2e.test_listening_sockets import assert_bound_within, bound_sockets
+from tests.tiny_llama import TEST_CACHE_DIR
 
 pytestmark = pytest.mark.vllm
 
@@ -40,6 +44,11 @@ class NixlPair:
     pids: tuple[int, ...]
     # Prefill's, then decode's.
     side_channel_ports: tuple[int, int]
+    # Starts a decode worker again on the same ports (the teardown stops it with the others).
+    respawn_decode: Callable[[], subprocess.Popen[bytes]]
+    # The router's /health the first time it said "ok" (later ones may show a pair warmed
+    # again: a worker that missed probes under load leaves rotation and is warmed on return).
+    first_ok_health: dict[str, Any] = field(default_factory=dict)
 
     @property
     def prefill_side_port(self) -> int:
@@ -51,7 +60,8 @@ def nixl_pair(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFa
               ) -> Iterator[NixlPair]:
     # NIXL's busy-polling workers need the cores: the default deployment goes first (its last
     # test stops it; stop it here when this file runs alone).
-    if stack.deployment()["state"] != "stopped":
+    default = stack.deployment()
+    if default["state"] != "stopped":
         with stack.api() as client:
             client.post(f"/api/v1/deployments/{stack.deployment_id}/stop").raise_for_status()
         stack.wait_for_state("stopped", timeout_s=60)
@@ -62,17 +72,30 @@ def nixl_pair(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFa
     # benchmark, say) would answer this test's requests in its workers' place.
     prefill_port, decode_port, router_port = free_port(), free_port(), free_port()
     prefill_side, decode_side = free_port(), free_port()
+    commands = {}
     for role, port, core, side in (("prefill", prefill_port, 0, prefill_side),
                                    ("decode", decode_port, 1, decode_side)):
-        argv, env = build_command(WorkerSpec(
+        # The default deployment's dtype: the output is compared with the stack's reference,
+        # which computes in it (float32 here against a bfloat16 reference differed from the
+        # first token).
+        commands[role] = build_command(WorkerSpec(
             role=role, model_path=str(model_dir), served_model_name="smollm2", port=port,
             max_model_len=2048, kv_channel="nixl", side_channel_port=side, cpu_cores=(core,),
-            dtype="float32", sampling_defaults={"temperature": 0.0}, data_dir=str(logs),
+            dtype=default["dtype"], sampling_defaults=default["sampling_defaults"],
+            cache_dir=str(TEST_CACHE_DIR), enforce_eager=True,
         ))
-        handle = open(logs / f"{role}.log", "wb")  # noqa: SIM115 - closed in teardown
+
+    def spawn(role: str) -> subprocess.Popen[bytes]:
+        argv, env = commands[role]
+        handle = open(logs / f"{role}.log", "ab")  # noqa: SIM115 - closed in teardown
         handles.append(handle)
-        processes.append(subprocess.Popen(argv, env={**os.environ, **env}, stdout=handle,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+        process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=handle,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        processes.append(process)
+        return process
+
+    for role in ("prefill", "decode"):
+        spawn(role)
     router_log = open(logs / "router.log", "wb")  # noqa: SIM115
     handles.append(router_log)
     processes.append(subprocess.Popen(
@@ -83,13 +106,14 @@ def nixl_pair(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFa
         stdout=router_log, stderr=subprocess.STDOUT, start_new_session=True))
     pair = NixlPair(router=f"http://127.0.0.1:{router_port}",
                     decode=f"http://127.0.0.1:{decode_port}", logs=logs, pids=tuple(p.pid for p in processes),
-                    side_channel_ports=(prefill_side, decode_side))
+                    side_channel_ports=(prefill_side, decode_side),
+                    respawn_decode=lambda: spawn("decode"))
     try:
         for port, process in ((prefill_port, processes[0]), (decode_port, processes[1])):
             _wait_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT_S, process)
         # Healthy once its warm-up hand-off went through: NIXL's first handshake included.
-        _wait_http(f"{pair.router}/health", 300, processes[2])
-        yield pair
+        health = _wait_router_ok(pair.router, 300, processes[2])
+        yield replace(pair, first_ok_health=health)
     finally:
         for process in processes:
             try:
@@ -122,8 +146,7 @@ def test_nixl_pd_output_equals_prefix_cached_single_server(nixl_pair: NixlPair,
 
 
 def test_the_router_handed_kv_over_once_before_it_reported_healthy(nixl_pair: NixlPair) -> None:
-    health = httpx.get(f"{nixl_pair.router}/health", timeout=10).json()
-    [pair] = health["kv_warmup"]
+    [pair] = nixl_pair.first_ok_health["kv_warmup"]
     assert pair["state"] == "warm" and pair["decode"] == nixl_pair.decode
     router_log = (nixl_pair.logs / "router.log").read_text()
     assert "hand-off of 256 tokens done" in router_log, router_log[-2000:]
@@ -171,7 +194,9 @@ def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
          "--decode", nixl_pair.decode],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_http(f"http://127.0.0.1:{stale_router_port}/health", 30, stale_router)
+        # A router starts in seconds, but with the pair's two NIXL workers busy-polling both
+        # cores it took over 30 s here (its log still empty).
+        _wait_router_ok(f"http://127.0.0.1:{stale_router_port}", 120, stale_router)
         started = time.monotonic()
         response = httpx.post(f"http://127.0.0.1:{stale_router_port}/v1/completions", timeout=120,
                               json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
@@ -191,6 +216,75 @@ def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
     ok = httpx.post(f"{router}/v1/completions", timeout=300,
                     json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
     assert ok.status_code == 200, f"{ok.text}\n{_worker_trouble(logs)}"
+
+
+def test_a_decode_restarted_while_prefill_holds_its_kv_is_detected_and_the_pair_works_after(
+        nixl_pair: NixlPair) -> None:
+    """The failure class of vLLM issue #49238: prefill holds blocks announced for a decode
+    engine that dies and comes back as a new engine on the same ports. The router takes decode
+    out at once and warms the new pair; the stale announcement fails cleanly on the new decode
+    (it stays healthy) and real hand-offs go through again. Last in the file: it restarts decode."""
+    router, logs = nixl_pair.router, nixl_pair.logs
+    health = httpx.get(f"{router}/health", timeout=10).json()
+    prefill_url = health["roles"]["prefill"]["backends"][0]["url"]
+    # What the router's first call does: prefill keeps the KV for a remote decode (its lease).
+    held = httpx.post(f"{prefill_url}/v1/completions", timeout=120, json={
+        "model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 1, "stream": False,
+        "return_token_ids": True, "kv_transfer_params": dict(NIXL_PREFILL_PARAMS)})
+    assert held.status_code == 200, held.text
+    announced = held.json()["kv_transfer_params"]
+    assert announced["remote_block_ids"], announced
+
+    os.killpg(nixl_pair.pids[1], signal.SIGKILL)  # prefill, decode, router
+    killed = time.monotonic()
+    while httpx.get(f"{router}/health", timeout=5).json()["roles"]["decode"]["ready"]:
+        assert time.monotonic() - killed < 5, "the router still counts the killed decode ready"
+        time.sleep(0.05)
+    print(f"\nNIXL decode SIGKILLed: out of the router's rotation after "
+          f"{time.monotonic() - killed:.2f} s")
+
+    decode = nixl_pair.respawn_decode()
+    _wait_http(f"{nixl_pair.decode}/health", START_TIMEOUT_S, decode)
+    # The router warms the new pair before it reports healthy again (a new engine: a new
+    # handshake over prefill's side channel).
+    _wait_router_ok(router, 300)
+    print(f"NIXL pair serving again {time.monotonic() - killed:.1f} s after the kill")
+
+    # The announcement made for the dead engine, given to the new one: a clear failure (or
+    # vLLM's recompute), never a dead decode.
+    # (Decode's prompt must be exactly prefill's tokens: a longer one kills a NIXL decode.)
+    prompt = prompt_token_ids("completions", held.json())
+    assert prompt, held.json()
+    stale = httpx.post(f"{nixl_pair.decode}/v1/completions", timeout=120, json={
+        "model": "smollm2", "prompt": prompt, "max_tokens": 4, "kv_transfer_params": announced})
+    assert stale.status_code in (200, 500), stale.text
+    assert httpx.get(f"{nixl_pair.decode}/health", timeout=10).status_code == 200
+    handed_over = _handoffs_ok(router)
+    for _ in range(2):
+        ok = httpx.post(f"{router}/v1/completions", timeout=300,
+                        json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
+        assert ok.status_code == 200, f"{ok.text}\n{_worker_trouble(logs)}"
+    assert _handoffs_ok(router) == handed_over + 2
+
+
+def _handoffs_ok(router: str) -> float:
+    """KV hand-offs the router saw succeed (pdserve_router_kv_handoffs_total{outcome="ok"})."""
+    return sum(float(line.rsplit(" ", 1)[1])
+               for line in httpx.get(f"{router}/metrics", timeout=10).text.splitlines()
+               if line.startswith("pdserve_router_kv_handoffs_total{") and 'outcome="ok"' in line)
+
+
+def _wait_router_ok(router: str, timeout_s: float,
+                    process: subprocess.Popen[bytes] | None = None) -> dict[str, Any]:
+    """Until the router's /health says "ok": both roles ready and a pair warm. (It answers 200
+    "degraded" while one role is missing, and those requests would not be handed over.)
+    Returns that first "ok" answer."""
+    _wait_http(f"{router}/health", timeout_s, process)
+    deadline = time.monotonic() + timeout_s
+    while (health := httpx.get(f"{router}/health", timeout=10).json())["status"] != "ok":
+        assert time.monotonic() < deadline, f"{router} not ok after {timeout_s} s"
+        time.sleep(0.2)
+    return health
 
 
 def _worker_trouble(logs: Path) -> str:

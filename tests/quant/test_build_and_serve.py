@@ -19,6 +19,7 @@ from inference.launch import WorkerSpec, build_command
 from inference.quantization.output import PROVENANCE_FILE, partial_dir
 from tests.console.sockets import free_port
 from tests.quant.conftest import QUANT_PYTHON, REPO, quantize
+from tests.tiny_llama import TEST_CACHE_DIR
 
 VARIANTS = {"w8a8": ("w8a8-int8", "compressed-tensors w8a8", "CPUInt8ScaledMMLinearKernel"),
             "w4a16": ("w4a16", "compressed-tensors w4a16", "CPUWNA16LinearKernel")}
@@ -96,7 +97,8 @@ def servers(built: dict[str, tuple[Path, list]], tmp_path_factory: pytest.TempPa
             port = free_port()
             argv, env = build_command(WorkerSpec(
                 role="colocated", model_path=str(built[key][0]), served_model_name=key, port=port,
-                max_model_len=512, cpu_cores=(core,), dtype="bfloat16", data_dir=str(logs_dir)))
+                max_model_len=512, cpu_cores=(core,), dtype="bfloat16", cache_dir=str(TEST_CACHE_DIR),
+                enforce_eager=True))
             log = logs_dir / f"{key}.log"
             with log.open("wb") as handle:
                 process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=handle,

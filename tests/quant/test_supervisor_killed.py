@@ -1,6 +1,6 @@
-"""A gate run whose supervisor is SIGKILLed: the reference vLLM server goes with it, and the next
-supervisor runs the gate again to its verdict, through the quant stack's console, supervisor
-and Celery worker and the tiny random-weight Llama."""
+"""A gate run whose supervisor is SIGKILLed: the reference vLLM server goes with it, the next
+supervisor adopts the workers and runs the gate again to its verdict, through the quant stack's
+console, supervisor and Celery worker and the tiny random-weight Llama."""
 
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ def test_a_gate_whose_supervisor_is_killed_loses_its_reference_and_runs_again(
         server = reference_servers(quant_stack)[0]
         gate = call(quant_stack, "GET", f"/api/v1/deployments/{deployment}/gate")["results"][0]
         assert gate["state"] == "running"
+        workers = {p["slot"]: p["pid"] for p in call(
+            quant_stack, "GET", f"/api/v1/deployments/{deployment}/")["processes"]}
 
         quant_stack.processes["supervisor"].send_signal(signal.SIGKILL)
         quant_stack.processes["supervisor"].wait(timeout=10)
@@ -64,8 +66,7 @@ def test_a_gate_whose_supervisor_is_killed_loses_its_reference_and_runs_again(
             [sys.executable, "manage.py", "supervise"], cwd=REPO, env=quant_stack.env,
             stdout=subprocess.DEVNULL,
             stderr=open(quant_stack.data_dir / "supervisor.log", "ab"))  # noqa: SIM115
-        # (Its workers are "failed" for a moment: the new supervisor killed the ones it found
-        # orphaned, and starts them again.)
+        # The new supervisor adopts the workers, which went on running, and runs the gate again.
         wait_for(lambda: state(quant_stack, deployment) in ("ready", "blocked"),
                  "a ready or blocked deployment", 600, interval=1.0)
         body = call(quant_stack, "GET", f"/api/v1/deployments/{deployment}/")
@@ -74,6 +75,7 @@ def test_a_gate_whose_supervisor_is_killed_loses_its_reference_and_runs_again(
         # The same gate, queued again by the new supervisor and run to its verdict.
         assert again["state"] == "passed", again
         assert body["state"] == "ready", body
+        assert {p["slot"]: p["pid"] for p in body["processes"] if p["slot"] in workers} == workers
         assert reference_servers(quant_stack) == []
     finally:
         call(quant_stack, "POST", f"/api/v1/deployments/{deployment}/stop")
