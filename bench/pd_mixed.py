@@ -106,7 +106,7 @@ def worker(role: str, port: int, cores: tuple[int, ...], args: argparse.Namespac
         role=role, model_path=args.model, served_model_name=SERVED, port=port,
         max_model_len=2048, kv_channel="shared-storage" if kv_dir else None,
         kv_storage_path=str(kv_dir) if kv_dir else None, cpu_cores=cores, dtype=args.dtype,
-        sampling_defaults={"temperature": 0.0}, data_dir=str(workdir),
+        sampling_defaults={"temperature": 0.0}, cache_dir=str(workdir / "cache"),
     ))
     return start(argv, env, workdir / f"{role}.log")
 

@@ -208,7 +208,7 @@ def run_pd(channel: str, args: argparse.Namespace, workdir: Path, prompts: list[
             role=role, model_path=args.model, served_model_name="smollm2", port=port,
             max_model_len=2048, kv_channel=channel, kv_storage_path=str(kv_dir),
             side_channel_port=side, cpu_cores=(core,), dtype=args.dtype,
-            sampling_defaults={"temperature": 0.0}, data_dir=str(workdir),
+            sampling_defaults={"temperature": 0.0}, cache_dir=str(workdir / "cache"),
         ))
         processes.append(start(argv, env, workdir / f"{channel}-{role}.log"))
     router_argv = [sys.executable, "-m", "inference.router", "--served-model-name", "smollm2",
@@ -233,7 +233,7 @@ def run_single(args: argparse.Namespace, workdir: Path, prompts: list[str], fixe
     argv, env = build_command(WorkerSpec(
         role="colocated", model_path=args.model, served_model_name="smollm2", port=SINGLE_PORT,
         max_model_len=2048, cpu_cores=(0, 1), dtype=args.dtype,
-        sampling_defaults={"temperature": 0.0}, data_dir=str(workdir),
+        sampling_defaults={"temperature": 0.0}, cache_dir=str(workdir / "cache"),
     ))
     started = time.monotonic()
     processes = [start(argv, env, workdir / "single.log")]

@@ -207,7 +207,7 @@ def single(name: str, path: Path, dtype: str, answers: list[ReferenceAnswer] | N
            build_s: float | None, logs: Path) -> tuple[Row, list[ReferenceAnswer]]:
     processes: list[subprocess.Popen[bytes]] = []
     with heavy_lock(), running_server(
-            ReferenceServer(str(path.resolve()), 0, dtype, cores=(1,), data_dir=str(logs)),
+            ReferenceServer(str(path.resolve()), 0, dtype, cores=(1,), cache_dir=str(logs / "cache")),
             logs / f"{name}.log", started=processes.append) as url:
         return measure(name, url, {"worker": processes[0].pid}, answers, build_s)
 
@@ -225,7 +225,7 @@ def pair(prefill: Path, decode: Path, dtype: str, answers: list[ReferenceAnswer]
                     role=role, model_path=str(path.resolve()), served_model_name="pair",
                     port=ports[role], max_model_len=2048, kv_channel="shared-storage",
                     kv_storage_path=str(kv_dir), cpu_cores=(core,), dtype=dtype,
-                    block_size=128, data_dir=str(logs)))
+                    block_size=128, cache_dir=str(logs / "cache")))
                 handle = open(logs / f"pair-{role}.log", "wb")  # noqa: SIM115
                 handles.append(handle)
                 processes[role] = subprocess.Popen(argv, env={**os.environ, **env}, stdout=handle,

@@ -25,6 +25,12 @@ time so that the C clients do not move in lock step.
 
     .venv/bin/python bench/router_overhead.py                  # full run, ~9 minutes
     .venv/bin/python bench/router_overhead.py --round-seconds 1 --rounds 2 --concurrency 1 16
+
+`--endpoint chat` sends the same prompt as one user message to /v1/chat/completions instead: the
+router renders it with the model's chat template for its length check and the PD hand-off. The
+stubs answer prefill with the token ids of that rendering (computed here with the tokenizer's
+own template, as the router computes them), so the hand-off goes through as with vLLM; the
+router's `pdserve_router_pd_fallback_total` is printed at the end to show it did.
 """
 
 from __future__ import annotations
@@ -72,8 +78,10 @@ TOKEN_CHUNK = b'"choices":[{'
 
 # ---- the stub backend (a separate process) ------------------------------------------------------
 
-def run_stub(port: int, ttft_ms: float, itl_ms: float, tokens: int, prefill_ms: float) -> None:
+def run_stub(port: int, ttft_ms: float, itl_ms: float, tokens: int, prefill_ms: float,
+             chat_ids_file: Path | None) -> None:
     ttft, itl, prefill = ttft_ms / 1000, itl_ms / 1000, prefill_ms / 1000
+    chat_ids = json.loads(chat_ids_file.read_text()) if chat_ids_file else STUB_PROMPT_IDS
 
     def chunk(i: int) -> bytes:
         event = {"id": "cmpl-stub", "object": "text_completion", "model": MODEL,
@@ -102,6 +110,9 @@ def run_stub(port: int, ttft_ms: float, itl_ms: float, tokens: int, prefill_ms: 
             reply: dict[str, Any] = {"id": "cmpl-prefill", "object": "text_completion", "model": MODEL,
                                      "choices": [{"index": 0, "text": " tok0", "finish_reason": "length",
                                                   "prompt_token_ids": STUB_PROMPT_IDS}]}
+            if "messages" in body:
+                # vLLM's chat answer carries the rendered prompt's ids at the top level.
+                reply["prompt_token_ids"] = chat_ids
             if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
                 reply["kv_transfer_params"] = KV_PARAMS
             return web.json_response(reply)
@@ -152,10 +163,15 @@ class Procs:
 
     def stub(self, args: argparse.Namespace, *, ttft_ms: float, itl_ms: float) -> str:
         port = free_port()
-        self.spawn(f"stub-{port}", [sys.executable, __file__, "stub", "--port", str(port),
-                                    "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
-                                    "--tokens", str(args.tokens), "--prefill-ms", str(args.prefill_ms)],
-                   self.cores_harness)
+        argv = [sys.executable, __file__, "stub", "--port", str(port), "--ttft-ms", str(ttft_ms),
+                "--itl-ms", str(itl_ms), "--tokens", str(args.tokens),
+                "--prefill-ms", str(args.prefill_ms)]
+        if args.endpoint == "chat":
+            ids = self.logdir / "chat-prompt-ids.json"
+            if not ids.exists():
+                ids.write_text(json.dumps(chat_prompt_ids(args)))
+            argv += ["--chat-ids-file", str(ids)]
+        self.spawn(f"stub-{port}", argv, self.cores_harness)
         return f"http://127.0.0.1:{port}"
 
     def router(self, args: argparse.Namespace, name: str, roles: list[tuple[str, str]],
@@ -228,6 +244,7 @@ class Target:
     async def call(self, body: dict[str, Any], stream: bool) -> Sample | None:
         st = time.perf_counter()
         headers: dict[str, str] = {}
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
         if self.router is not None:
             base, headers = self.router, {"Authorization": f"Bearer {self.key}"}
         elif self.full is not None:
@@ -237,13 +254,14 @@ class Target:
             first = {**body, "stream": False, "max_tokens": 1, "return_token_ids": True,
                      "kv_transfer_params": NIXL_PREFILL}
             first.pop("stream_options", None)
-            async with self.session.post(self.prefill + "/v1/completions", json=first) as response:
+            async with self.session.post(self.prefill + path, json=first) as response:
                 response.raise_for_status()
                 data = await response.json()
             base = self.decode
-            body = {**body, "prompt": data["choices"][0]["prompt_token_ids"],
-                    "kv_transfer_params": data["kv_transfer_params"]}
-        async with self.session.post(base + "/v1/completions", json=body, headers=headers) as response:
+            body = {**body, "kv_transfer_params": data["kv_transfer_params"]}
+            if "prompt" in body:
+                body["prompt"] = data["choices"][0]["prompt_token_ids"]
+        async with self.session.post(base + path, json=body, headers=headers) as response:
             response.raise_for_status()
             if not stream:
                 await response.read()
@@ -299,8 +317,36 @@ def prompt_text(words: int) -> str:
     return " ".join(vocabulary[i % len(vocabulary)] for i in range(words))
 
 
+def request_body(args: argparse.Namespace, **fields: Any) -> dict[str, Any]:
+    text = prompt_text(args.prompt_words)
+    prompt = {"messages": [{"role": "user", "content": text}]} if args.endpoint == "chat" \
+        else {"prompt": text}
+    return {"model": MODEL, **prompt, "max_tokens": args.tokens, **fields}
+
+
+def chat_prompt_ids(args: argparse.Namespace) -> list[int]:
+    """The chat request's prompt as the model's template renders it (what vLLM's prefill
+    reports)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
+    messages = request_body(args)["messages"]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False))
+
+
 def pct(values: list[float], q: float) -> float:
     return float(numpy.percentile(values, q)) * 1000 if values else float("nan")
+
+
+async def pd_fallbacks(session: aiohttp.ClientSession, router: str) -> float:
+    """The router's pdserve_router_pd_fallback_total, all reasons: requests whose prompt decode
+    computed itself instead of taking prefill's KV."""
+    async with session.get(router + "/metrics",
+                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as response:
+        text = await response.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("pdserve_router_pd_fallback_total{"))
 
 
 @dataclass
@@ -313,8 +359,7 @@ class Setup:
 
 
 async def latency(setup: Setup, args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
-    body = {"model": MODEL, "prompt": prompt_text(args.prompt_words), "max_tokens": args.tokens,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = request_body(args, stream=True, stream_options={"include_usage": True})
     spread = (args.prefill_ms if setup.mode == "pd" else 0) / 1000 + (
         args.ttft_ms + args.itl_ms * (args.tokens - 1)) / 1000
     rounds: dict[str, list[Round]] = {"direct": [], "router": []}
@@ -338,11 +383,12 @@ async def latency(setup: Setup, args: argparse.Namespace, concurrency: int) -> d
         "itl_mean": {name: float(numpy.mean(v)) * 1000 for name, v in gaps.items()},
         "itl_p99": {name: pct(v, 99) for name, v in gaps.items()},
         "router_cpu_s_per_1k": 1000 * sum(r.router_cpu_s for r in rounds["router"]) / max(routed_requests, 1),
+        "pd_fallbacks": await pd_fallbacks(setup.routed.session, setup.routed.router or ""),
     }
 
 
 async def throughput(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
-    body = {"model": MODEL, "prompt": prompt_text(args.prompt_words), "max_tokens": args.tokens}
+    body = request_body(args)
     rounds: dict[str, list[Round]] = {"direct": [], "router": []}
     for target in (setup.direct, setup.routed):
         await closed_loop(target, body, args.throughput_concurrency, 1.0, 0, False, setup.router)
@@ -360,6 +406,7 @@ async def throughput(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
         "router_cpu_pct": 100 * cpu / sum(r.seconds for r in routed),
         "router_cpu_s_per_1k": 1000 * cpu / max(completed, 1),
         "failed": {name: sum(r.failed for r in rs) for name, rs in rounds.items()},
+        "pd_fallbacks": await pd_fallbacks(setup.routed.session, setup.routed.router or ""),
     }
 
 
@@ -429,6 +476,9 @@ async def run(args: argparse.Namespace) -> int:
                     print(json.dumps(rates[-1]), file=sys.stderr)
                 procs.stop()
     print(f"\nCPU busy before the run: {load_before}")
+    print(f"Endpoint: /v1/{'chat/completions' if args.endpoint == 'chat' else 'completions'}; "
+          f"PD fallbacks counted by the routers: "
+          f"{sum(r['pd_fallbacks'] for r in latencies + rates):g}")
     print_tables(args, latencies, rates)
     return 0
 
@@ -472,6 +522,8 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command")
     stub = sub.add_parser("stub", help="run one stub backend (used by the benchmark itself)")
     stub.add_argument("--port", type=int, required=True)
+    stub.add_argument("--chat-ids-file", type=Path,
+                      help="the prompt token ids a chat prefill answers with")
     for p in (parser, stub):
         p.add_argument("--ttft-ms", type=float, default=20.0, help="stub: time to the first token")
         p.add_argument("--itl-ms", type=float, default=5.0, help="stub: time between tokens")
@@ -483,6 +535,8 @@ def main() -> int:
     parser.add_argument("--round-seconds", type=float, default=4.0)
     parser.add_argument("--throughput-concurrency", type=int, default=64)
     parser.add_argument("--prompt-words", type=int, default=100)
+    parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                        help="chat: the prompt as one user message, rendered by the router")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / "data/models/smollm2-135m-instruct")
     parser.add_argument("--limits", nargs="+", default=["memory", "redis"],
                         choices=["off", "memory", "redis"],
@@ -496,7 +550,8 @@ def main() -> int:
     parser.add_argument("--harness-cores", default="1")
     args = parser.parse_args()
     if args.command == "stub":
-        run_stub(args.port, args.ttft_ms, args.itl_ms, args.tokens, args.prefill_ms)
+        run_stub(args.port, args.ttft_ms, args.itl_ms, args.tokens, args.prefill_ms,
+                 args.chat_ids_file)
         return 0
     return asyncio.run(run(args))
 
