@@ -22,5 +22,6 @@ APP_ORDER: tuple[str, ...] = (
     "gateway",      # API keys and the router's admin API
     "quality",      # output gates and variant measurements
     "playground",   # chat with a deployment through its router
+    "alerts",       # alert rules over the metrics, silences, notifiers and the alert dashboard
     "control",      # composition root: the deployment lifecycle, its pages, the supervise daemon
 )

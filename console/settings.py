@@ -83,6 +83,7 @@ INSTALLED_APPS = [
     "console.playground",
     "console.gateway",
     "console.quality",
+    "console.alerts",
     "console.control",
 ]
 
@@ -248,6 +249,19 @@ PDSERVE_KV_DIR = env_path(
 )
 PDSERVE_LOG_RETENTION_LINES = env_int("PDSERVE_LOG_RETENTION_LINES", 50_000, 100, 10_000_000)
 PDSERVE_SUPERVISOR_TICK_S = float(env_int("PDSERVE_SUPERVISOR_TICK_MS", 500, 50, 10_000)) / 1000
+# Alerts: how often the evaluator runs (5 s, as the ready-made rules' windows assume), and the
+# address notifications link back to (Alertmanager's externalURL, generatorURL).
+PDSERVE_ALERT_TICK_S = float(env_int("PDSERVE_ALERT_TICK_MS", 5000, 200, 60_000)) / 1000
+PDSERVE_EXTERNAL_URL = env_str("PDSERVE_EXTERNAL_URL",
+                               f"http://{PDSERVE_CONSOLE_HOST}:{PDSERVE_CONSOLE_PORT}").rstrip("/")
+# Email notifiers send through Django's mail backend: SMTP, configured here.
+EMAIL_BACKEND = env_str("PDSERVE_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env_str("PDSERVE_EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("PDSERVE_EMAIL_PORT", 25, 1, 65535)
+EMAIL_HOST_USER = env_str("PDSERVE_EMAIL_USER", "")
+EMAIL_HOST_PASSWORD = env_secret("PDSERVE_EMAIL_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("PDSERVE_EMAIL_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("PDSERVE_EMAIL_FROM", "pdserve@localhost")
 
 # Production is reached over HTTPS through a TLS proxy (PDSERVE_TLS=0: over plain HTTP, and
 # `check --deploy` says what that costs). The proxy passes X-Forwarded-Proto: uvicorn takes it

@@ -211,6 +211,13 @@ class Deployment(models.Model):
     gate_action = models.CharField(
         max_length=10, choices=GateAction.choices, default=GateAction.BLOCK,
         help_text="what a failing gate does")
+    # Service-level objectives: the ready-made latency alerts fire above them.
+    ttft_slo_ms = models.PositiveIntegerField(
+        default=2000, validators=[MinValueValidator(1), MaxValueValidator(600_000)],
+        help_text="time to first token, p95, that clients are promised (ms)")
+    tpot_slo_ms = models.PositiveIntegerField(
+        default=200, validators=[MinValueValidator(1), MaxValueValidator(60_000)],
+        help_text="time per output token, p95, that clients are promised (ms)")
     desired_state = models.CharField(max_length=10, choices=DesiredState.choices,
                                      default=DesiredState.STOPPED)
     created = models.DateTimeField(auto_now_add=True)
