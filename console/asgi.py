@@ -13,10 +13,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from console.alerts.alert_socket import websocket_urlpatterns as alert_sockets  # noqa: E402
 from console.live.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     # Static files are served by the console itself: users run it offline, without a web server.
     "http": ASGIStaticFilesHandler(django_http),
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(
+        URLRouter([*websocket_urlpatterns, *alert_sockets]))),
 })

@@ -22,6 +22,7 @@ urlpatterns = [
     path("api/v1/", include("console.gateway.api.urls")),
     path("api/v1/", include("console.quality.api.urls")),
     path("api/v1/", include("console.playground.api.urls")),
+    path("api/v1/", include("console.alerts.api.urls")),
     path("", include("console.audit.urls")),
     path("", include("console.accounts.urls")),
     path("", include("console.credentials.urls")),

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -20,6 +22,25 @@ from console.live.models import LogLine, MetricSample
 
 log = logging.getLogger("pdserve.live")
 
+Message = tuple[str, dict[str, Any]]
+
+
+class HubSource(Protocol):
+    """Rows a later app stores that the hub broadcasts too (alerts register theirs: live may
+    not import them)."""
+
+    def start_from_now(self) -> None: ...
+
+    def fetch(self) -> list[Message]: ...
+
+
+SOURCES: list[Callable[[], HubSource]] = []
+
+
+def register_source(factory: Callable[[], HubSource]) -> None:
+    if factory not in SOURCES:
+        SOURCES.append(factory)
+
 
 @dataclass
 class LiveHub:
@@ -27,6 +48,7 @@ class LiveHub:
     last_line_id: int = 0
     last_sample_id: int = 0
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    sources: list[HubSource] = field(default_factory=list, repr=False)
 
     def ensure_started(self) -> None:
         loop = asyncio.get_running_loop()
@@ -39,7 +61,8 @@ class LiveHub:
         while True:
             try:
                 lines, samples = await database_sync_to_async(self._fetch)()
-                await send_all(log_messages(lines) + metric_messages(samples))
+                extra = await database_sync_to_async(self._fetch_sources)()
+                await send_all(log_messages(lines) + metric_messages(samples) + extra)
             except Exception:  # keep broadcasting after a transient database error
                 log.exception("live hub tick failed")
             await asyncio.sleep(self.interval_s)
@@ -48,6 +71,12 @@ class LiveHub:
         # Sockets backfill history over REST; the hub only carries what is new.
         self.last_line_id = LogLine.objects.aggregate(m=Max("id"))["m"] or 0
         self.last_sample_id = MetricSample.objects.aggregate(m=Max("id"))["m"] or 0
+        self.sources = [factory() for factory in SOURCES]
+        for source in self.sources:
+            source.start_from_now()
+
+    def _fetch_sources(self) -> list[Message]:
+        return [message for source in self.sources for message in source.fetch()]
 
     def _fetch(self) -> tuple[list[LogLine], list[MetricSample]]:
         lines = list(LogLine.objects.filter(id__gt=self.last_line_id).order_by("id")[:5000])

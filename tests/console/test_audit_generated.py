@@ -170,6 +170,31 @@ CHANGES: dict[tuple[str, str], Change] = {
         "username": "newcomer2", "password": "a long enough passphrase 43"}, "user.create"),
     ("users/{pk}/deactivate/", "post"): Change("root", _none, "user.deactivate"),
     ("users/{pk}/activate/", "post"): Change("root", _none, "user.activate"),
+    # alerting
+    ("api/v1/alert-rules/", "post"): Change("admin", lambda w: {
+        "deployment": w.deployment.name, "name": "queue", "series": "worker.waiting",
+        "threshold": 5}, "alert_rule.create"),
+    ("api/v1/alert-rules/{pk}/", "put"): Change("admin", lambda w: {
+        "deployment": w.deployment.name, "name": "down", "series": "process.up",
+        "threshold": 1, "comparison": "<"}, "alert_rule.edit"),
+    ("api/v1/alert-rules/{pk}/", "patch"): Change("admin", lambda w: {"threshold": 0.5},
+                                                  "alert_rule.edit"),
+    ("api/v1/alert-rules/{pk}/", "delete"): Change("admin", _none, "alert_rule.delete"),
+    ("api/v1/alerts/{pk}/acknowledge/", "post"): Change("operator", lambda w: {
+        "comment": "on it"}, "alert.acknowledge"),
+    ("api/v1/silences/", "post"): Change("operator", lambda w: {
+        "team": "alpha", "matchers": [{"name": "alertname", "op": "=", "value": "WorkerDown"}],
+        "starts_at": "2026-01-01T00:00:00Z", "ends_at": "2036-01-01T00:00:00Z",
+        "comment": "upgrade"}, "silence.create"),
+    ("api/v1/silences/{pk}/expire/", "post"): Change("operator", _none, "silence.expire"),
+    ("api/v1/notifiers/", "post"): Change("admin", lambda w: {
+        "team": "alpha", "name": "pager", "kind": "webhook", "url": "http://127.0.0.1:9/p"},
+        "notifier.create"),
+    ("api/v1/notifiers/{pk}/", "put"): Change("admin", lambda w: {
+        "name": "hook2", "kind": "webhook", "url": "http://127.0.0.1:9/q"}, "notifier.edit"),
+    ("api/v1/notifiers/{pk}/", "patch"): Change("admin", lambda w: {"enabled": False},
+                                                "notifier.edit"),
+    ("api/v1/notifiers/{pk}/", "delete"): Change("admin", _none, "notifier.delete"),
     # the caller's own API tokens
     ("api/v1/tokens/", "post"): Change("viewer", lambda w: {"name": "script"}, "api_token.create"),
     ("api/v1/tokens/{pk}/revoke/", "post"): Change("viewer", _none, "api_token.revoke"),
@@ -189,6 +214,8 @@ READS: dict[tuple[str, str], str] = {
     ("deployments/{name}/edit/propose/", "post"): "free ports and devices for a form row",
     ("api/v1/deployments/{pk}/chat/", "post"): "inference through the router; the router "
                                                "logs requests, the audit log changes",
+    ("api/v1/alert-rules/preview/", "post"): "a rule evaluated over the stored metrics; "
+                                             "nothing is saved",
 }
 
 def _spare_model(w: World) -> None:

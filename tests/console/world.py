@@ -8,11 +8,14 @@ and bravo's admin, who is an outsider to everything of alpha's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from console.accounts.models import Membership, Role, Team
+from console.alerts.models import Alert, AlertEvent, AlertRule, Delivery, Notifier, Silence
 from console.audit.actors import acting_as
 from console.audit.entries import record
 from console.catalog.models import BaseModel, QuantizationJob, Variant
@@ -54,6 +57,11 @@ class World:
     viewer_token_id: int
     # A tiny model directory no variant uses yet, to register.
     spare_dir: str
+    alert_rule: AlertRule
+    alert: Alert
+    silence: Silence
+    notifier: Notifier
+    delivery: Delivery
 
     def user(self, name: str) -> User:
         return getattr(self, name)
@@ -71,6 +79,29 @@ def _process(deployment: Deployment, port: int) -> ManagedProcess:
     return ManagedProcess.objects.create(deployment=deployment, slot="decode-0", role="decode",
                                          port=port, state=ManagedProcess.State.READY,
                                          log_path="/nonexistent.log")
+
+
+def _alerting(deployment: Deployment, user: User
+              ) -> tuple[AlertRule, Alert, Silence, Notifier, Delivery]:
+    """A firing alert of the deployment's ready-made worker-down rule with its history, a
+    silence, a webhook notifier and one delivery: one of each alerting object."""
+    now = timezone.now()
+    rule = AlertRule.objects.get(deployment=deployment, key="worker_down")
+    labels = {"alertname": "WorkerDown", "deployment": deployment.name, "process": "decode-0"}
+    alert = Alert.objects.create(rule=rule, deployment=deployment, fingerprint=deployment.name[:16],
+                                 labels=labels, state="firing", value=0.0, active_since=now,
+                                 fired_at=now, evaluated_at=now)
+    AlertEvent.objects.create(alert=alert, deployment=deployment, at=now, from_state="inactive",
+                              to_state="firing", value=0.0)
+    silence = Silence.objects.create(
+        team=deployment.team, matchers=[{"name": "deployment", "op": "=", "value": deployment.name}],
+        starts_at=now, ends_at=now + timedelta(hours=1), comment="maintenance",
+        created_by=user)
+    notifier = Notifier.objects.create(team=deployment.team, name=f"{deployment.team.name}-hook",
+                                       kind="webhook", url="http://127.0.0.1:9/hook")
+    delivery = Delivery.objects.create(notifier=notifier, deployment=deployment, status="firing",
+                                       payload={"version": "4"}, next_attempt_at=now)
+    return rule, alert, silence, notifier, delivery
 
 
 def _gate(deployment: Deployment) -> GateResult:
@@ -118,10 +149,13 @@ def build_world(tmp_path: Path) -> World:
     measurement = VariantMeasurement.objects.create(variant=variant, node=node, dtype="float32",
                                                     state=VariantMeasurement.State.DONE)
     tokens = {name: token_for(user) for name, user in users.items()}
+    _alerting(other, users["outsider"])
+    rule, alert, silence, notifier, delivery = _alerting(deployment, users["admin"])
     viewer_token_id = users["viewer"].api_tokens.get().pk
     return World(alpha=alpha, bravo=bravo, **users, deployment=deployment, other_deployment=other,
                  process=_process(deployment, 9002), key=key, gate=_gate(deployment),
                  base_model=deployment.base_model, variant=variant, node=node, job=job,
                  measurement=measurement, entry_id=entry.pk, tokens=tokens,
                  viewer_token_id=viewer_token_id,
-                 spare_dir=str(write_model(tmp_path / "models" / "spare")))
+                 spare_dir=str(write_model(tmp_path / "models" / "spare")), alert_rule=rule,
+                 alert=alert, silence=silence, notifier=notifier, delivery=delivery)

@@ -12,6 +12,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.alerts.delivery import DeliveryWorker
+from console.alerts.evaluation import Evaluator
 from console.audit.actors import acting_as
 from console.control.daemon import Supervisor
 from console.gateway.sync import KeySync
@@ -59,6 +61,11 @@ class Command(BaseCommand):
         # Key usage into last_used_at, and key sets re-pushed to routers that missed a change.
         key_sync = KeySync()
         key_sync.start()
+        # Alerts: every supervisor runs the evaluator, the lease lets one evaluate at a time;
+        # notifications go out from a thread of their own, so a hung receiver delays no tick.
+        evaluator, deliveries = Evaluator(interval_s=settings.PDSERVE_ALERT_TICK_S), DeliveryWorker()
+        evaluator.start()
+        deliveries.start()
         try:
             # What the daemon changes is the system's doing in the audit log, not a command's.
             with acting_as("system", "supervise"):
@@ -71,6 +78,8 @@ class Command(BaseCommand):
             supervisor.stop_log_writer()
             supervisor.stop_metrics_collector()
             key_sync.stop()
+            evaluator.stop()
+            deliveries.stop()
             self.stdout.write("supervisor: stopped")
             lock.close()
 

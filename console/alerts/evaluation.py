@@ -1,0 +1,675 @@
+"""The alert evaluator: every 5 s, every enabled rule of every running deployment.
+
+One code path for ``make up`` and scaled-out consoles alike: each supervisor runs the loop, and
+the one holding the database lease (``EvaluatorLease``) evaluates while the others wait for it
+to lapse, so no alert is notified twice. A tick reads the 1 s snapshots the collector stored
+since the last tick (kept in memory for the longest window), adds the facts that no process
+exports, steps each rule instance's state machine (console/alerts/rule_states.py), and stores
+what changed: alert rows, their history, silencing and inhibition, and the notifications,
+which the delivery worker sends from its own thread, so that a hanging receiver never delays
+the next tick.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from console.alerts import rule_states
+from console.alerts import series as catalog
+from console.alerts.delivery import Notice, enqueue
+from console.alerts.matchers import matches
+from console.alerts.models import (
+    Alert,
+    AlertEvent,
+    AlertRule,
+    AlertState,
+    EvaluatorLease,
+    Fact,
+    Scope,
+    Silence,
+)
+from console.alerts.streams import alert_messages
+from console.deployments.models import Deployment
+from console.fleet import port_holders
+from console.fleet.services import local_node
+from console.live.groups import emit
+from console.live.models import MetricSample, ProcessScrape
+from console.quality.models import GateResult
+from console.supervisor.models import ManagedProcess
+
+log = logging.getLogger("pdserve.alerts")
+
+TICK_S = 5.0
+LEASE_NAME = "alerts-evaluator"
+# Three missed ticks: a holder that stalls this long is taken over.
+LEASE_S = 15.0
+MIN_HISTORY_S = 60.0
+SECOND = MetricSample.Resolution.SECOND
+FACT_REFRESH = timedelta(seconds=15)
+TICK_FACTS = ("deployment.gate_failed", "deployment.foreign_ports", "deployment.metrics_missing")
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def render_summary(template: str, values: dict[str, Any]) -> str:
+    """The rule's summary with its placeholders filled; an unknown one stays as written."""
+    return re.sub(r"\{(\w+)\}", lambda m: str(values.get(m.group(1), m.group(0))), template)
+
+
+@dataclass
+class _Instance:
+    """One rule instance the evaluator keeps: its state machine and its row, once it has one."""
+
+    labels: dict[str, str]
+    state: rule_states.InstanceState
+    alert_id: int | None = None
+
+
+@dataclass
+class _DeploymentCache:
+    frames: deque[catalog.Frame] = field(default_factory=deque)
+    fact_frames: deque[catalog.Frame] = field(default_factory=deque)
+    last_sample_id: int = 0
+    notes: dict[str, str] = field(default_factory=dict)
+    facts_written: dict[str, tuple[float, datetime]] = field(default_factory=dict)
+
+
+@dataclass
+class TickReport:
+    evaluated: bool
+    deployments: int = 0
+    rules: int = 0
+    instances: int = 0
+    transitions: int = 0
+    notices: int = 0
+    seconds: float = 0.0
+
+
+class Evaluator:
+    def __init__(self, holder: str | None = None, interval_s: float = TICK_S,
+                 lease_s: float = LEASE_S) -> None:
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.interval_s = interval_s
+        self.lease_s = lease_s
+        self._held = False
+        self._local_memory = 0
+        self._caches: dict[int, _DeploymentCache] = {}
+        self._instances: dict[tuple[int, str], _Instance] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- the lease -------------------------------------------------------------------------
+    def hold_lease(self, now: datetime) -> bool:
+        """Take or renew the lease; False while another evaluator holds it."""
+        until = now + timedelta(seconds=self.lease_s)
+        renewed = EvaluatorLease.objects.filter(name=LEASE_NAME).filter(
+            Q(holder=self.holder) | Q(expires_at__lt=now)).update(holder=self.holder,
+                                                                    expires_at=until)
+        if not renewed:
+            try:
+                with transaction.atomic():
+                    EvaluatorLease.objects.create(name=LEASE_NAME, holder=self.holder,
+                                                  expires_at=until)
+            except IntegrityError:
+                self._release_memory()
+                return False
+        if not self._held:
+            # Another evaluator may have changed every alert since this one last held it.
+            self._release_memory()
+            self._load_instances()
+        self._held = True
+        return True
+
+    def release_lease(self) -> None:
+        EvaluatorLease.objects.filter(name=LEASE_NAME, holder=self.holder).delete()
+        self._release_memory()
+
+    def _release_memory(self) -> None:
+        self._held = False
+        self._caches.clear()
+        self._instances.clear()
+
+    def _load_instances(self) -> None:
+        for alert in Alert.objects.all():
+            self._instances[(alert.rule_id, alert.fingerprint)] = _Instance(
+                alert.labels, rule_states.InstanceState(
+                    state=alert.state, value=alert.value,
+                    active_since=_ts(alert.active_since), fired_at=_ts(alert.fired_at),
+                    last_true_at=_ts(alert.last_true_at)), alert.pk)
+
+    # ---- one tick --------------------------------------------------------------------------
+    def tick(self, now: datetime | None = None) -> TickReport:
+        started = time.perf_counter()
+        now = now or timezone.now()
+        if not self.hold_lease(now):
+            return TickReport(evaluated=False)
+        report = TickReport(evaluated=True)
+        self._local_memory = local_node().memory_bytes
+        rules_by_deployment: dict[int, list[AlertRule]] = {}
+        for rule in AlertRule.objects.filter(enabled=True).select_related("deployment"):
+            rules_by_deployment.setdefault(rule.deployment_id, []).append(rule)
+        running = {d.pk: d for d in Deployment.objects.filter(
+            desired_state=Deployment.DesiredState.RUNNING).prefetch_related("workers__node")}
+        listeners = port_holders.listeners() if any(
+            r.series == "deployment.foreign_ports" for d in running
+            for r in rules_by_deployment.get(d, [])) else {}
+        changed: list[tuple[Alert, rule_states.Transition]] = []
+        active: list[Alert] = []
+        for deployment_id, rules in rules_by_deployment.items():
+            deployment = running.get(deployment_id)
+            if deployment is None:
+                changed += self._stand_down(rules, now)
+                self._caches.pop(deployment_id, None)
+                continue
+            report.deployments += 1
+            report.rules += len(rules)
+            stepped = self._evaluate_deployment(deployment, rules, now, listeners)
+            report.instances += stepped.instances
+            changed += stepped.changed
+            active += stepped.active
+        for deployment_id in set(self._caches) - set(rules_by_deployment):
+            del self._caches[deployment_id]
+        notices = self._store(changed, active, now)
+        report.transitions, report.notices = len(changed), len(notices)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    @dataclass
+    class _Stepped:
+        instances: int = 0
+        changed: list[tuple[Alert, rule_states.Transition]] = field(default_factory=list)
+        active: list[Alert] = field(default_factory=list)
+
+    def _evaluate_deployment(self, deployment: Deployment, rules: list[AlertRule],
+                             now: datetime, listeners: dict[int, set[int]]) -> _Stepped:
+        at = now.timestamp()
+        longest = max([MIN_HISTORY_S, *(float(rule.window_s) for rule in rules)])
+        processes = {p.slot: p for p in ManagedProcess.objects.filter(
+            deployment=deployment, kind__in=ManagedProcess.PLANNED_KINDS)}
+        planned = {w.slot: w for w in deployment.workers.all()}
+        starting = self._first_starts(planned, processes)
+        cache = self._caches.setdefault(deployment.pk, _DeploymentCache())
+        self._read_samples(deployment, cache, planned, starting, at - longest)
+        self._tick_facts(deployment, rules, cache, processes, listeners, now)
+        snapshots, facts = list(cache.frames), list(cache.fact_frames)
+        snapshot_times, fact_times = [f.at for f in snapshots], [f.at for f in facts]
+        stepped = self._Stepped()
+        for rule in rules:
+            try:
+                definition = catalog.get(rule.series)
+                spec = rule_states.RuleSpec(
+                    comparison=rule.comparison, threshold=rule.threshold, for_s=rule.for_s,
+                    keep_firing_for_s=rule.keep_firing_for_s, min_count=rule.min_count,
+                    nodata=rule.nodata)
+            except ValueError:
+                log.exception("rule %d (%s) cannot be evaluated", rule.pk, rule.name)
+                continue
+            # Only the rule's window: the cache holds the longest window of all the rules.
+            since = at - rule.window_s
+            frames = (snapshots[bisect.bisect_right(snapshot_times, since):]
+                      if definition.per_process or definition.name not in TICK_FACTS
+                      else facts[bisect.bisect_right(fact_times, since):])
+            groups = _grouped(definition, catalog.instance_points(definition, frames, rule.role),
+                              rule.scope)
+            for key in _expected(definition, rule, planned, starting):
+                groups.setdefault(key, [])
+            for key, points in groups.items():
+                if key[1] in starting:
+                    continue  # first start: not down, not missing data, just not up yet
+                if definition.is_ratio:
+                    value, count = rule_states.aggregate_ratio(points, rule.aggregation,
+                                                               rule.window_s, at)
+                    # absent must see an empty window, whatever the count.
+                    count_or_none = None if rule.aggregation == "absent" else count
+                else:
+                    value = rule_states.aggregate(points, rule.aggregation, rule.window_s, at)
+                    count_or_none = None
+                labels = self._labels(rule, deployment, key)
+                instance = self._instances.setdefault(
+                    (rule.pk, fingerprint(labels)),
+                    _Instance(labels, rule_states.InstanceState()))
+                stepped.instances += 1
+                _state, transition = rule_states.step(spec, instance.state, value, at,
+                                                      count_or_none)
+                if transition is None and instance.state.state == AlertState.INACTIVE:
+                    continue
+                alert = self._alert_row(rule, deployment, instance, key, cache, now)
+                if transition is not None:
+                    stepped.changed.append((alert, transition))
+                elif instance.state.state != AlertState.INACTIVE:
+                    stepped.active.append(alert)
+        return stepped
+
+    # ---- inputs ----------------------------------------------------------------------------
+    @staticmethod
+    def _first_starts(planned: dict[str, Any], processes: dict[str, ManagedProcess]) -> set[str]:
+        """Slots that are coming up for the first time since the deployment was started: not
+        yet an outage. A restart after a crash counts (``restarts`` > 0)."""
+        starting = set()
+        for slot in [*planned, "router"]:
+            process = processes.get(slot)
+            if process is None or (process.restarts == 0 and process.ready_at is None
+                                   and process.state != ManagedProcess.State.FAILED):
+                starting.add(slot)
+        return starting
+
+    def _read_samples(self, deployment: Deployment, cache: _DeploymentCache,
+                      planned: dict[str, Any], starting: set[str], since: float) -> None:
+        rows = MetricSample.objects.filter(deployment=deployment, resolution=SECOND,
+                                           id__gt=cache.last_sample_id)
+        if not cache.last_sample_id:
+            rows = rows.filter(created__gt=datetime.fromtimestamp(since, tz=UTC))
+        memory = {slot: worker.node.memory_bytes for slot, worker in planned.items()}
+        memory["router"] = self._local_memory
+        previous = cache.frames[-1] if cache.frames else None
+        for sample_id, created, data in rows.order_by("id").values_list("id", "created", "data"):
+            cache.last_sample_id = sample_id
+            frame = _frame(created.timestamp(), data.get("processes", {}), planned, starting,
+                           memory, previous)
+            cache.frames.append(frame)
+            previous = frame
+        while cache.frames and cache.frames[0].at <= since:
+            cache.frames.popleft()
+        while cache.fact_frames and cache.fact_frames[0].at <= since:
+            cache.fact_frames.popleft()
+
+    def _tick_facts(self, deployment: Deployment, rules: list[AlertRule], cache: _DeploymentCache,
+                    processes: dict[str, ManagedProcess], listeners: dict[int, set[int]],
+                    now: datetime) -> None:
+        wanted = {rule.series for rule in rules} & set(TICK_FACTS)
+        if not wanted:
+            return
+        facts: dict[str, float] = {}
+        if "deployment.gate_failed" in wanted:
+            latest = GateResult.objects.filter(deployment=deployment,
+                                               state__in=GateResult.DONE_STATES).first()
+            facts["deployment.gate_failed"] = float(
+                latest is not None and latest.state == GateResult.State.FAILED)
+            cache.notes["deployment.gate_failed"] = "; ".join(latest.reasons) if latest else ""
+        if "deployment.foreign_ports" in wanted:
+            facts["deployment.foreign_ports"], cache.notes["deployment.foreign_ports"] = (
+                _foreign_ports(deployment, processes, listeners))
+        if "deployment.metrics_missing" in wanted:
+            facts["deployment.metrics_missing"], cache.notes["deployment.metrics_missing"] = (
+                _missing_families(rules, processes, now))
+        cache.fact_frames.append(catalog.Frame(now.timestamp(), {}, facts))
+        for name, value in facts.items():
+            written = cache.facts_written.get(name)
+            # Rewritten when it changes, and often enough for the export to call it fresh.
+            if written is None or written[0] != value or now - written[1] >= FACT_REFRESH:
+                Fact.objects.update_or_create(deployment=deployment, series=name,
+                                              defaults={"value": value, "at": now})
+                cache.facts_written[name] = (value, now)
+
+    # ---- alert rows ------------------------------------------------------------------------
+    @staticmethod
+    def _labels(rule: AlertRule, deployment: Deployment, key: catalog.Instance) -> dict[str, str]:
+        labels = {str(k): str(v) for k, v in rule.labels.items()}
+        labels.update(alertname=rule.alertname, deployment=deployment.name,
+                      severity=rule.severity, series=rule.series)
+        role, slot = key
+        if role:
+            labels["role"] = role
+        if slot:
+            labels["process"] = slot
+        if rule.key:
+            labels["rule"] = rule.key
+        return labels
+
+    def _alert_row(self, rule: AlertRule, deployment: Deployment, instance: _Instance,
+                   key: catalog.Instance, cache: _DeploymentCache, now: datetime) -> Alert:
+        state = instance.state
+        values = {"deployment": deployment.name, "role": key[0] or "all roles",
+                  "instance": key[1] or deployment.name, "series": rule.series,
+                  "threshold": _number(rule.threshold),
+                  "value": "no data" if state.value is None else _number(state.value)}
+        annotations = {"summary": render_summary(rule.summary or "{series} {value}", values)}
+        if rule.runbook_url:
+            annotations["runbook_url"] = rule.runbook_url
+        if cache.notes.get(rule.series):
+            annotations["description"] = cache.notes[rule.series]
+        if state.state == AlertState.NODATA:
+            annotations["state"] = "nodata"
+        fields = {
+            "state": state.state, "value": state.value, "annotations": annotations,
+            "active_since": _dt(state.active_since), "fired_at": _dt(state.fired_at),
+            "last_true_at": _dt(state.last_true_at), "evaluated_at": now,
+        }
+        if instance.alert_id is None:
+            alert, _created = Alert.objects.get_or_create(
+                rule=rule, fingerprint=fingerprint(instance.labels),
+                defaults={"deployment": deployment, "labels": instance.labels, **fields})
+            instance.alert_id = alert.pk
+        else:
+            alert = Alert(pk=instance.alert_id, rule=rule, deployment=deployment,
+                          fingerprint=fingerprint(instance.labels), labels=instance.labels)
+        for name, value in fields.items():
+            setattr(alert, name, value)
+        return alert
+
+    def _stand_down(self, rules: list[AlertRule], now: datetime
+                    ) -> list[tuple[Alert, rule_states.Transition]]:
+        """A deployment that was stopped: its alerts end (resolved, if they were notified)."""
+        ended = []
+        for alert in Alert.objects.filter(rule__in=rules).exclude(state=AlertState.INACTIVE):
+            instance = self._instances.get((alert.rule_id, alert.fingerprint))
+            transition = rule_states.Transition(alert.state, AlertState.INACTIVE,
+                                                now.timestamp(), None)
+            if instance is not None:
+                instance.state.state = AlertState.INACTIVE
+                instance.state.value = None
+            alert.state, alert.value, alert.evaluated_at = AlertState.INACTIVE, None, now
+            ended.append((alert, transition))
+        return ended
+
+    # ---- storing ---------------------------------------------------------------------------
+    def _store(self, changed: list[tuple[Alert, rule_states.Transition]], active: list[Alert],
+               now: datetime) -> list[Notice]:
+        if not changed and not active:
+            return []
+        rows = [alert for alert, _t in changed] + active
+        muted = _muted(rows, now)
+        notices = []
+        events = []
+        for alert, transition in changed:
+            if transition.resolved:
+                alert.resolved_at = now
+            why = muted.get(alert.pk, "")
+            events.append(AlertEvent(alert_id=alert.pk, deployment_id=alert.deployment_id,
+                                     at=now, from_state=transition.from_state,
+                                     to_state=transition.to_state, value=transition.value,
+                                     muted_by=why))
+            if transition.resolved:
+                notices.append(Notice(alert=alert, status="resolved", muted=bool(why)))
+            elif (transition.to_state in rule_states.ALERTING_STATES
+                  and transition.from_state not in rule_states.ALERTING_STATES):
+                notices.append(Notice(alert=alert, status="firing", muted=bool(why)))
+        with transaction.atomic():
+            Alert.objects.bulk_update(rows, ["state", "value", "annotations", "active_since",
+                                             "fired_at", "last_true_at", "resolved_at",
+                                             "evaluated_at"])
+            created = AlertEvent.objects.bulk_create(events)
+            if notices:
+                enqueue(notices, now)
+        if settings.REDIS_URL and created:
+            # Shared channel layer: broadcast right after storing; without Redis the console's
+            # hub polls the stored events (console/live/hub.py's sources).
+            for group, payload in alert_messages(created):
+                async_to_sync(emit)(group, payload)
+        return notices
+
+    # ---- the thread ------------------------------------------------------------------------
+    def start(self) -> None:
+        def loop() -> None:
+            try:
+                while not self._stop.is_set():
+                    started = time.monotonic()
+                    try:
+                        report = self.tick()
+                        if report.evaluated and report.seconds > self.interval_s:
+                            log.warning("an alert evaluation took %.1f s, longer than its "
+                                        "%.0f s interval", report.seconds, self.interval_s)
+                    except Exception:  # a locked database must not end alerting
+                        log.exception("evaluating alerts failed; retrying")
+                    self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+                if self._held:
+                    self.release_lease()
+            finally:
+                connection.close()
+
+        self._thread = threading.Thread(target=loop, name="alert-evaluator", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=30)
+            self._thread = None
+
+
+# ---- helpers -------------------------------------------------------------------------------
+def _ts(value: datetime | None) -> float | None:
+    return None if value is None else value.timestamp()
+
+
+def _dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, tz=UTC)
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _frame(at: float, processes: dict[str, dict[str, Any]], planned: dict[str, Any],
+           starting: set[str], memory: dict[str, int], previous: catalog.Frame | None
+           ) -> catalog.Frame:
+    entries: dict[str, dict[str, Any]] = {}
+    for slot, entry in processes.items():
+        if slot in starting:
+            continue
+        entry = dict(entry)
+        rss, total = entry.get("rss"), memory.get(slot)
+        if rss is not None and total:
+            entry["memory_ratio"] = rss / total
+        entries[slot] = entry
+    for slot, worker in planned.items():
+        if slot not in entries and slot not in starting:
+            entries[slot] = {"role": worker.role, "up": 0}  # planned and running, not scraped
+    if "router" in entries and "handoffs" in entries["router"]:
+        before = previous.processes.get("router", {}) if previous else {}
+        entries["router"]["handoffs_now"] = _handoff_deltas(before.get("handoffs"),
+                                                            entries["router"]["handoffs"])
+    facts = catalog.deployment_facts(entries)
+    return catalog.Frame(at, entries, facts)
+
+
+def _handoff_deltas(before: list[dict[str, Any]] | None, now: list[dict[str, Any]]
+                    ) -> dict[str, float]:
+    """Hand-offs since the previous snapshot; a counter that went back was restarted."""
+    old = {(row["prefill"], row["decode"]): row for row in before or []}
+    totals = {"ok": 0.0, "failed": 0.0}
+    for row in now:
+        prior = old.get((row["prefill"], row["decode"]))
+        for outcome in totals:
+            value = row[outcome]
+            if prior is None:
+                continue  # first sight of the pair: no interval to count over
+            totals[outcome] += value - prior[outcome] if value >= prior[outcome] else value
+    return totals
+
+
+def _grouped(definition: catalog.SeriesDef, points: dict[catalog.Instance, list[tuple[float, ...]]],
+             scope: str) -> dict[catalog.Instance, list[tuple[float, ...]]]:
+    """Instances folded to the rule's scope, point by point (instances share the snapshot's
+    time)."""
+    if not definition.per_process or scope == Scope.INSTANCE:
+        return dict(points)
+    buckets: dict[catalog.Instance, dict[float, list[tuple[float, ...]]]] = {}
+    for (role, _slot), rows in points.items():
+        key = (role, "") if scope == Scope.ROLE else ("", "")
+        by_time = buckets.setdefault(key, {})
+        for row in rows:
+            by_time.setdefault(row[0], []).append(row)
+    folded: dict[catalog.Instance, list[tuple[float, ...]]] = {}
+    for key, by_time in buckets.items():
+        series_rows = []
+        for at in sorted(by_time):
+            rows = by_time[at]
+            if definition.is_ratio:
+                series_rows.append((at, sum(r[1] for r in rows), sum(r[2] for r in rows)))
+            else:
+                series_rows.append((at, catalog.fold(definition, [r[1] for r in rows])))
+        folded[key] = series_rows
+    return folded
+
+
+def _expected(definition: catalog.SeriesDef, rule: AlertRule, planned: dict[str, Any],
+              starting: set[str]) -> Iterable[catalog.Instance]:
+    """The instances that should have data, so that a silent one is NoData, not forgotten."""
+    if not definition.per_process or rule.scope == Scope.DEPLOYMENT:
+        yield ("", "")
+        return
+    slots = {slot: worker.role for slot, worker in planned.items()} | {"router": "router"}
+    for slot, role in slots.items():
+        if role not in definition.roles or (rule.role and role != rule.role) or slot in starting:
+            continue
+        yield (role, "") if rule.scope == Scope.ROLE else (role, slot)
+
+
+def _muted(alerts: list[Alert], now: datetime) -> dict[int, str]:
+    """Alert id -> what mutes it: an active silence of the deployment's team, or a firing alert
+    of the same deployment whose rule inhibits it."""
+    deployments = {alert.deployment_id for alert in alerts}
+    teams = dict(Deployment.objects.filter(pk__in=deployments).values_list("pk", "team_id"))
+    silences = list(Silence.objects.filter(team_id__in=set(teams.values()), starts_at__lte=now,
+                                           ends_at__gt=now, expired_early_at__isnull=True))
+    sources = list(Alert.objects.filter(deployment_id__in=deployments, state=AlertState.FIRING)
+                   .exclude(rule__inhibits=[]).select_related("rule"))
+    # This tick's own changes count, before they are stored.
+    current = {alert.pk: alert for alert in alerts}
+    sources = [current.get(source.pk, source) for source in sources]
+    sources += [a for a in alerts if a.state == AlertState.FIRING and a.rule.inhibits
+                and a.pk not in {s.pk for s in sources}]
+    muted: dict[int, str] = {}
+    for alert in alerts:
+        for silence in silences:
+            if silence.team_id == teams[alert.deployment_id] and matches(silence.matchers,
+                                                                         alert.labels):
+                muted[alert.pk] = f"silence #{silence.pk}"
+                break
+        else:
+            for source in sources:
+                if (source.state == AlertState.FIRING and source.pk != alert.pk
+                        and source.deployment_id == alert.deployment_id
+                        and matches(source.rule.inhibits, alert.labels)):
+                    muted[alert.pk] = f"inhibited by {source.labels.get('alertname', '')}"
+                    break
+    return muted
+
+
+def _foreign_ports(deployment: Deployment, processes: dict[str, ManagedProcess],
+                   listeners: dict[int, set[int]]) -> tuple[float, str]:
+    own: set[int] = set()
+    for process in processes.values():
+        if process.pid:
+            own |= port_holders.process_tree(process.pid)
+    planned = [(w.slot, w.port) for w in deployment.workers.all()] + [
+        ("router", deployment.router_port)]
+    foreign = [f"{slot} port {port} held by "
+               + ", ".join(port_holders.describe_process(pid) for pid in sorted(pids))
+               for slot, port in planned
+               if (pids := listeners.get(port)) and not pids <= own]
+    return float(len(foreign)), "; ".join(foreign)
+
+
+def _missing_families(rules: list[AlertRule], processes: dict[str, ManagedProcess],
+                      now: datetime) -> tuple[float, str]:
+    """Metric families the deployment's rules need that a live process's last scrape lacks:
+    what a renamed engine metric looks like before it silently matches nothing."""
+    needed: dict[str, set[str]] = {}
+    for rule in rules:
+        try:
+            definition = catalog.get(rule.series)
+        except ValueError:
+            continue
+        for role in definition.roles:
+            if not rule.role or rule.role == role:
+                needed.setdefault(role, set()).update(definition.sources)
+    fresh = now - timedelta(seconds=30)
+    ready = {p.pk: p for p in processes.values() if p.state == ManagedProcess.State.READY}
+    missing = []
+    for scrape in ProcessScrape.objects.filter(process_id__in=list(ready), scraped__gte=fresh):
+        process = ready[scrape.process_id]
+        present = _families(scrape.text)
+        lacking = sorted(name for name in needed.get(process.role, ()) if name not in present)
+        missing += [f"{name} on {process.slot}" for name in lacking]
+    return float(len(missing)), ", ".join(missing)
+
+
+_SAMPLE_NAME = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)
+
+
+def _families(text: str) -> set[str]:
+    """The sample names of a scrape, with histogram and summary suffixes also as the family."""
+    names = set(_SAMPLE_NAME.findall(text))
+    for name in list(names):
+        for suffix in ("_bucket", "_count", "_sum", "_created"):
+            if name.endswith(suffix):
+                names.add(name[: -len(suffix)])
+    return names
+
+
+# ---- preview -------------------------------------------------------------------------------
+PREVIEW_S = 3600.0
+PREVIEW_POINTS = 240
+
+
+def preview(rule: AlertRule, now: datetime, span_s: float = PREVIEW_S) -> dict[str, Any]:
+    """When an (unsaved) rule would have fired over the last ``span_s``: each instance's
+    transitions, replayed every tick over the stored 1 s snapshots, and its series thinned for
+    a chart. Facts that only the evaluator sees (gate, ports, missing metrics) have their
+    stored history of one value, so their preview shows the present."""
+    definition = catalog.get(rule.series)
+    spec = rule_states.RuleSpec(
+        comparison=rule.comparison, threshold=rule.threshold, for_s=rule.for_s,
+        keep_firing_for_s=rule.keep_firing_for_s, min_count=rule.min_count, nodata=rule.nodata)
+    deployment = rule.deployment
+    start = now.timestamp() - span_s
+    planned = {w.slot: w for w in deployment.workers.select_related("node")}
+    memory = {slot: worker.node.memory_bytes for slot, worker in planned.items()}
+    memory["router"] = local_node().memory_bytes
+    frames: list[catalog.Frame] = []
+    rows = MetricSample.objects.filter(
+        deployment=deployment, resolution=SECOND,
+        created__gt=datetime.fromtimestamp(start - rule.window_s, tz=UTC),
+        created__lte=now).order_by("created").values_list("created", "data")
+    for created, data in rows.iterator(chunk_size=500):
+        frames.append(_frame(created.timestamp(), data.get("processes", {}), planned, set(),
+                             memory, frames[-1] if frames else None))
+    frames += [catalog.Frame(fact.at.timestamp(), {}, {fact.series: fact.value})
+               for fact in Fact.objects.filter(deployment=deployment, series=rule.series)]
+    groups = _grouped(definition, catalog.instance_points(definition, frames, rule.role),
+                      rule.scope)
+    instances = []
+    for (role, slot), points in sorted(groups.items()):
+        transitions = rule_states.replay(spec, points, rule.aggregation, rule.window_s, start,
+                                         now.timestamp(), TICK_S, ratio=definition.is_ratio)
+        step = max(1, len(points) // PREVIEW_POINTS)
+        chart = [[row[0], _chart_value(row, definition.is_ratio)] for row in points[::step]]
+        instances.append({
+            "role": role, "process": slot,
+            "transitions": [{"at": t.at, "from": t.from_state, "to": t.to_state,
+                             "value": t.value} for t in transitions],
+            "fired": sum(1 for t in transitions if t.to_state == AlertState.FIRING),
+            "points": chart,
+        })
+    return {"series": definition.name, "unit": definition.unit, "threshold": rule.threshold,
+            "from": start, "to": now.timestamp(), "snapshots": len(frames),
+            "instances": instances}
+
+
+def _chart_value(row: tuple[float, ...], ratio: bool) -> float | None:
+    if not ratio:
+        return row[1]
+    return row[1] / row[2] if row[2] else None
