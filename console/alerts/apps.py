@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
-from django.db.models.signals import post_save
+from django.db.models.signals import post_save, pre_save
 
 
 def _ready_made_rules(sender: Any, instance: Any, created: bool, raw: bool = False,
@@ -13,6 +13,18 @@ def _ready_made_rules(sender: Any, instance: Any, created: bool, raw: bool = Fal
         from console.alerts.ready_made import ensure_rules
 
         ensure_rules(instance, AlertRule)
+
+
+def _thresholds_follow_the_plan(sender: Any, instance: Any, raw: bool = False,
+                                **kwargs: Any) -> None:
+    if raw or instance.pk is None:
+        return
+    from console.alerts.models import AlertRule
+    from console.alerts.ready_made import follow_plan
+
+    before = sender.objects.filter(pk=instance.pk).first()
+    if before is not None:
+        follow_plan(before, instance, AlertRule)
 
 
 class AlertsConfig(AppConfig):
@@ -29,6 +41,8 @@ class AlertsConfig(AppConfig):
         # Every deployment gets the ready-made rules when it is created.
         post_save.connect(_ready_made_rules, sender=Deployment,
                           dispatch_uid="alerts-ready-made-rules")
+        pre_save.connect(_thresholds_follow_the_plan, sender=Deployment,
+                         dispatch_uid="alerts-thresholds-follow-the-plan")
         register_source(EventSource)
         # The gauges that the Prometheus rule file reads, on the console's /metrics.
         register_provider(exported_families)

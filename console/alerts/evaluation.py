@@ -607,16 +607,20 @@ def _missing_families(rules: list[AlertRule], processes: dict[str, ManagedProces
     return float(len(missing)), ", ".join(missing)
 
 
-_SAMPLE_NAME = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)
+_SAMPLE_NAME = re.compile(r"^(?:# TYPE )?([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)
 
 
 def _families(text: str) -> set[str]:
-    """The sample names of a scrape, with histogram and summary suffixes also as the family."""
+    """The metric names a scrape declares or has samples of: a labelled family without samples
+    yet (no request so far) is declared by its TYPE line, which counts as present. Histogram and
+    summary suffixes also name the family, and a counter's family answers with and without
+    ``_total``."""
     names = set(_SAMPLE_NAME.findall(text))
     for name in list(names):
         for suffix in ("_bucket", "_count", "_sum", "_created"):
             if name.endswith(suffix):
                 names.add(name[: -len(suffix)])
+        names.add(name[:-6] if name.endswith("_total") else f"{name}_total")
     return names
 
 
@@ -640,11 +644,18 @@ def preview(rule: AlertRule, now: datetime, span_s: float = PREVIEW_S) -> dict[s
     memory = {slot: worker.node.memory_bytes for slot, worker in planned.items()}
     memory["router"] = local_node().memory_bytes
     frames: list[catalog.Frame] = []
-    rows = MetricSample.objects.filter(
-        deployment=deployment, resolution=SECOND,
-        created__gt=datetime.fromtimestamp(start - rule.window_s, tz=UTC),
-        created__lte=now).order_by("created").values_list("created", "data")
-    for created, data in rows.iterator(chunk_size=500):
+    since = datetime.fromtimestamp(start - rule.window_s, tz=UTC)
+    seconds = MetricSample.objects.filter(deployment=deployment, resolution=SECOND,
+                                          created__gt=since, created__lte=now)
+    first_second = seconds.order_by("created").values_list("created", flat=True).first() or now
+    # 1 s samples are kept for 15 minutes (console/live/downsample.py); before them, the
+    # minutes' means stand in.
+    minutes = MetricSample.objects.filter(deployment=deployment,
+                                          resolution=MetricSample.Resolution.MINUTE,
+                                          created__gt=since, created__lt=first_second)
+    rows = [*minutes.order_by("created").values_list("created", "data"),
+            *seconds.order_by("created").values_list("created", "data")]
+    for created, data in rows:
         frames.append(_frame(created.timestamp(), data.get("processes", {}), planned, set(),
                              memory, frames[-1] if frames else None))
     frames += [catalog.Frame(fact.at.timestamp(), {}, {fact.series: fact.value})

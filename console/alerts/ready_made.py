@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-LATENCY = [{"name": "category", "op": "=", "value": "latency"}]
+# What an outage of one worker brings with it: slow answers, and a role left without workers.
+FOLLOWS_OUTAGE = [{"name": "category", "op": "=~", "value": "latency|pool"}]
 
 
 def rule_specs(deployment: Any) -> list[dict[str, Any]]:
@@ -22,10 +23,11 @@ def rule_specs(deployment: Any) -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = [
         dict(key="worker_down", name="Worker down", series="process.up", aggregation="last",
              window_s=10, comparison="<", threshold=1, severity="critical", scope="instance",
-             nodata="ok", labels={"category": "availability"}, inhibits=LATENCY,
+             nodata="ok", labels={"category": "availability"}, inhibits=FOLLOWS_OUTAGE,
              summary="{instance} of {deployment} is down (not answering its /metrics)",
              reason="a worker or the router stopped answering after it had been up; while it "
-                    "fires, the deployment's latency alerts are muted (they follow from it)"),
+                    "fires, the deployment's latency alerts and 'one role without a ready "
+                    "worker' are muted (they follow from it)"),
         dict(key="handoff_slow", name="KV hand-off slow", series="router.handoff_p95",
              aggregation="avg", window_s=60, comparison=">", threshold=0.5, for_s=60,
              severity="warning", labels={"category": "latency"}, nodata="ok",
@@ -94,7 +96,7 @@ def rule_specs(deployment: Any) -> list[dict[str, Any]]:
             dict(key="role_unavailable", name="One role without a ready worker",
                  series="deployment.one_sided", aggregation="last", window_s=10, comparison=">=",
                  threshold=1, for_s=10, severity="critical", nodata="ok",
-                 labels={"category": "availability"},
+                 labels={"category": "pool"},
                  summary="{deployment}: one role has a ready worker, the other none",
                  reason="prefill or decode has no ready worker: requests run degraded on the "
                         "other role, or fail"),
@@ -139,3 +141,23 @@ def ensure_rules(deployment: Any, rule_model: Any) -> int:
         rule_model.objects.create(deployment=deployment, **fields)
         created += 1
     return created
+
+
+# The ready-made rules whose threshold is a number of the plan: (key, plan field, scale).
+FROM_PLAN = (("ttft_slo", "ttft_slo_ms", 1 / 1000), ("tpot_slo", "tpot_slo_ms", 1 / 1000),
+             ("decode_queue", "concurrency", 1), ("prefill_queue", "concurrency", 1))
+
+
+def follow_plan(before: Any, after: Any, rule_model: Any) -> int:
+    """After a plan edit, a ready-made threshold that still equals the old plan's number takes
+    the new one; a threshold someone edited stays as they set it."""
+    moved = 0
+    for key, field, scale in FROM_PLAN:
+        old, new = getattr(before, field), getattr(after, field)
+        if old == new:
+            continue
+        if field == "concurrency":
+            old, new = max(1, old), max(1, new)
+        moved += rule_model.objects.filter(deployment=after, key=key,
+                                           threshold=old * scale).update(threshold=new * scale)
+    return moved

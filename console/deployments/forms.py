@@ -37,15 +37,16 @@ class PlanForm(forms.ModelForm):
     class Meta:
         model = Deployment
         fields = ["name", "team", "base_model", "served_model_name", "mode", "max_model_len",
-                  "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
-                  "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
-                  "sampling_defaults", "router_port",
+                  "longest_request", "concurrency", "ttft_slo_ms", "tpot_slo_ms", "kv_channel",
+                  "kv_cache_gib", "block_size", "kv_cache_dtype", "kv_load_failure", "dtype",
+                  "engine_version", "sampling_defaults", "router_port",
                   "prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms",
                   "degraded_mode", "tool_call_parser", "enable_auto_tool_choice",
                   "reasoning_parser", "chat_template",
                   "gate_mode", "gate_prompts", "gate_min_agreement", "gate_max_mean_delta",
                   "gate_action"]
-        labels = {"max_model_len": "Context length", "kv_cache_gib": "KV cache size (GiB)",
+        labels = {"max_model_len": "Context length", "ttft_slo_ms": "TTFT SLO, p95 (ms)",
+                  "tpot_slo_ms": "TPOT SLO, p95 (ms)", "kv_cache_gib": "KV cache size (GiB)",
                   "kv_cache_dtype": "KV cache dtype", "dtype": "Compute dtype",
                   "kv_channel": "Transfer channel", "block_size": "Block size",
                   "gate_mode": "Output gate", "gate_prompts": "Gate prompts",

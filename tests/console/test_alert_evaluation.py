@@ -4,6 +4,7 @@ first starts that are not outages, silences, inhibition, the lease, stopped depl
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from console.alerts.evaluation import Evaluator
 from console.alerts.models import Alert, AlertEvent, AlertRule, AlertState, Silence
 from console.alerts.ready_made import rule_specs
 from console.deployments.models import Deployment
-from console.live.models import MetricSample
+from console.live.models import MetricSample, ProcessScrape
 from console.supervisor.models import ManagedProcess
 
 pytestmark = pytest.mark.django_db
@@ -177,3 +178,49 @@ def test_a_ratio_rule_waits_for_its_minimum_request_count(deployment: Deployment
                 router=_entry("router", rps=1.0, rps_by_status={"503": 1.0}))
     evaluator.tick(T0 + timedelta(seconds=25))
     assert _alert(deployment, "router_5xx").state == AlertState.FIRING
+
+
+def test_metrics_absent_names_a_family_a_live_worker_lacks(deployment: Deployment) -> None:
+    _running(deployment)
+    for process in ManagedProcess.objects.filter(deployment=deployment):
+        text = ("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n"
+                "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+                "# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total 3\n"
+                "# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total 3\n"
+                "# TYPE vllm:time_to_first_token_seconds histogram\n"
+                "# TYPE vllm:request_time_per_output_token_seconds histogram\n"
+                "# TYPE pdserve_router_requests_total counter\n"
+                "# TYPE pdserve_router_first_byte_seconds histogram\n"
+                "# TYPE pdserve_router_prefill_seconds histogram\n"
+                "# TYPE pdserve_router_pd_fallback_total counter\n"
+                "# TYPE pdserve_router_kv_handoffs_total counter\n")
+        if process.slot != "decode-0":  # decode's engine renamed its KV usage gauge
+            text += "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.1\n"
+        ProcessScrape.objects.create(process=process, scraped=T0, text=text)
+    AlertRule.objects.filter(deployment=deployment, key="metrics_absent").update(for_s=0)
+    _healthy(deployment, T0)
+    Evaluator(holder="a").tick(T0 + timedelta(seconds=1))
+    alert = _alert(deployment, "metrics_absent")
+    assert alert.state == AlertState.FIRING and alert.value == 1.0
+    assert alert.annotations["description"] == "vllm:kv_cache_usage_perc on decode-0"
+
+
+def test_the_readme_documents_every_ready_made_rule_with_its_reason(
+        deployment: Deployment) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for spec in rule_specs(deployment):
+        row = next((line for line in readme.splitlines()
+                    if line.startswith(f"| `{spec['key']}` ")), None)
+        assert row is not None, f"README: no row for {spec['key']}"
+        assert spec["reason"] in row, f"README: {spec['key']}'s reason differs"
+
+
+def test_ready_made_thresholds_follow_the_plan_unless_edited(deployment: Deployment) -> None:
+    AlertRule.objects.filter(deployment=deployment, key="tpot_slo").update(threshold=0.7)
+    deployment.ttft_slo_ms, deployment.tpot_slo_ms, deployment.concurrency = 900, 50, 6
+    deployment.save()
+    thresholds = dict(AlertRule.objects.filter(deployment=deployment).values_list("key",
+                                                                                  "threshold"))
+    assert thresholds["ttft_slo"] == 0.9
+    assert thresholds["tpot_slo"] == 0.7  # edited by someone: kept
+    assert thresholds["decode_queue"] == thresholds["prefill_queue"] == 6

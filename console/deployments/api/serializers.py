@@ -138,9 +138,9 @@ class PlanSerializer(serializers.ModelSerializer):
         # A template's whitespace is part of the prompts it renders.
         extra_kwargs = {"chat_template": {"trim_whitespace": False}}
         fields = ["name", "team", "base_model", "served_model_name", "mode", "max_model_len",
-                  "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
-                  "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
-                  "sampling_defaults", "tool_call_parser", "enable_auto_tool_choice",
+                  "longest_request", "concurrency", "ttft_slo_ms", "tpot_slo_ms", "kv_channel",
+                  "kv_cache_gib", "block_size", "kv_cache_dtype", "kv_load_failure", "dtype",
+                  "engine_version", "sampling_defaults", "tool_call_parser", "enable_auto_tool_choice",
                   "chat_template", "reasoning_parser", "prefill",
                   "decode", "colocated", "router", "gate"]
 
