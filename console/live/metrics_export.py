@@ -4,11 +4,13 @@ Users point one Prometheus job at the console instead of at each worker's port, 
 with every plan. Every sample gets ``deployment`` and ``process`` labels; a label of the same
 name already on a sample is kept as ``exported_<name>``, as Prometheus does when it scrapes.
 Each reader gets the deployments of their teams (``deployments``; None: all, a superuser's).
+Later apps add families of their own (alerts: its facts, for its Prometheus rule file) through
+``register_provider``: live may not import them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from datetime import datetime, timedelta
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,6 +24,15 @@ from console.live.models import MetricSample, ProcessScrape
 # Older scrapes belong to processes that stopped (or to a collector that did): re-exporting
 # their frozen counters would show them as alive.
 FRESH = timedelta(seconds=30)
+
+# (now, the reader's deployments or None for all) -> families for the page.
+FamilyProvider = Callable[[datetime, Collection[int] | None], Iterable[Metric]]
+PROVIDERS: list[FamilyProvider] = []
+
+
+def register_provider(provider: FamilyProvider) -> None:
+    if provider not in PROVIDERS:
+        PROVIDERS.append(provider)
 
 
 class _Families(Collector):
@@ -56,14 +67,8 @@ def scraped_families(now: datetime, deployments: Collection[int] | None = None) 
     return list(families.values())
 
 
-def resource_families(now: datetime, deployments: Collection[int] | None = None) -> list[Metric]:
-    """CPU and RSS of every process tree, from each deployment's latest 1 s sample."""
-    cpu = GaugeMetricFamily("pdserve_process_cpu_percent",
-                            "CPU of the process and its descendants, in % of one core",
-                            labels=["deployment", "process", "role"])
-    rss = GaugeMetricFamily("pdserve_process_rss_bytes",
-                            "Resident memory of the process and its descendants",
-                            labels=["deployment", "process", "role"])
+def latest_samples(now: datetime, deployments: Collection[int] | None = None) -> list[MetricSample]:
+    """Each deployment's latest fresh 1 s sample, by deployment name."""
     latest: dict[int, MetricSample] = {}
     recent = (MetricSample.objects.filter(resolution=MetricSample.Resolution.SECOND,
                                           created__gte=now - FRESH)
@@ -72,7 +77,18 @@ def resource_families(now: datetime, deployments: Collection[int] | None = None)
         recent = recent.filter(deployment__in=deployments)
     for sample in recent:
         latest[sample.deployment_id] = sample
-    for sample in sorted(latest.values(), key=lambda s: s.deployment.name):
+    return sorted(latest.values(), key=lambda s: s.deployment.name)
+
+
+def resource_families(now: datetime, deployments: Collection[int] | None = None) -> list[Metric]:
+    """CPU and RSS of every process tree, from each deployment's latest 1 s sample."""
+    cpu = GaugeMetricFamily("pdserve_process_cpu_percent",
+                            "CPU of the process and its descendants, in % of one core",
+                            labels=["deployment", "process", "role"])
+    rss = GaugeMetricFamily("pdserve_process_rss_bytes",
+                            "Resident memory of the process and its descendants",
+                            labels=["deployment", "process", "role"])
+    for sample in latest_samples(now, deployments):
         for slot, process in sorted(sample.data.get("processes", {}).items()):
             labels = [sample.deployment.name, slot, process.get("role", "")]
             if process.get("cpu") is not None:
@@ -84,6 +100,7 @@ def resource_families(now: datetime, deployments: Collection[int] | None = None)
 
 def render(now: datetime, deployments: Collection[int] | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
+    provided = [family for provider in PROVIDERS for family in provider(now, deployments)]
     registry.register(_Families(scraped_families(now, deployments)
-                                + resource_families(now, deployments)))
+                                + resource_families(now, deployments) + provided))
     return generate_latest(registry)
