@@ -22,7 +22,6 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,6 +35,7 @@ from django.utils import timezone
 from console.alerts import rule_states
 from console.alerts import series as catalog
 from console.alerts.delivery import Notice, enqueue
+from console.alerts.facts import foreign_ports, missing_families
 from console.alerts.matchers import matches
 from console.alerts.models import (
     Alert,
@@ -44,15 +44,15 @@ from console.alerts.models import (
     AlertState,
     EvaluatorLease,
     Fact,
-    Scope,
     Silence,
 )
+from console.alerts.snapshots import expected, first_starts, frame, grouped
 from console.alerts.streams import alert_messages
 from console.deployments.models import Deployment
 from console.fleet import port_holders
 from console.fleet.services import local_node
 from console.live.groups import emit
-from console.live.models import MetricSample, ProcessScrape
+from console.live.models import MetricSample
 from console.quality.models import GateResult
 from console.supervisor.models import ManagedProcess
 
@@ -208,7 +208,7 @@ class Evaluator:
         processes = {p.slot: p for p in ManagedProcess.objects.filter(
             deployment=deployment, kind__in=ManagedProcess.PLANNED_KINDS)}
         planned = {w.slot: w for w in deployment.workers.all()}
-        starting = self._first_starts(planned, processes)
+        starting = first_starts(planned, processes)
         cache = self._caches.setdefault(deployment.pk, _DeploymentCache())
         self._read_samples(deployment, cache, planned, starting, at - longest)
         self._tick_facts(deployment, rules, cache, processes, listeners, now)
@@ -230,9 +230,9 @@ class Evaluator:
             frames = (snapshots[bisect.bisect_right(snapshot_times, since):]
                       if definition.per_process or definition.name not in TICK_FACTS
                       else facts[bisect.bisect_right(fact_times, since):])
-            groups = _grouped(definition, catalog.instance_points(definition, frames, rule.role),
+            groups = grouped(definition, catalog.instance_points(definition, frames, rule.role),
                               rule.scope)
-            for key in _expected(definition, rule, planned, starting):
+            for key in expected(definition, rule, planned, starting):
                 groups.setdefault(key, [])
             for key, points in groups.items():
                 if key[1] in starting:
@@ -262,18 +262,6 @@ class Evaluator:
         return stepped
 
     # ---- inputs ----------------------------------------------------------------------------
-    @staticmethod
-    def _first_starts(planned: dict[str, Any], processes: dict[str, ManagedProcess]) -> set[str]:
-        """Slots that are coming up for the first time since the deployment was started: not
-        yet an outage. A restart after a crash counts (``restarts`` > 0)."""
-        starting = set()
-        for slot in [*planned, "router"]:
-            process = processes.get(slot)
-            if process is None or (process.restarts == 0 and process.ready_at is None
-                                   and process.state != ManagedProcess.State.FAILED):
-                starting.add(slot)
-        return starting
-
     def _read_samples(self, deployment: Deployment, cache: _DeploymentCache,
                       planned: dict[str, Any], starting: set[str], since: float) -> None:
         rows = MetricSample.objects.filter(deployment=deployment, resolution=SECOND,
@@ -285,10 +273,10 @@ class Evaluator:
         previous = cache.frames[-1] if cache.frames else None
         for sample_id, created, data in rows.order_by("id").values_list("id", "created", "data"):
             cache.last_sample_id = sample_id
-            frame = _frame(created.timestamp(), data.get("processes", {}), planned, starting,
-                           memory, previous)
-            cache.frames.append(frame)
-            previous = frame
+            snapshot = frame(created.timestamp(), data.get("processes", {}), planned, starting,
+                             memory, previous)
+            cache.frames.append(snapshot)
+            previous = snapshot
         while cache.frames and cache.frames[0].at <= since:
             cache.frames.popleft()
         while cache.fact_frames and cache.fact_frames[0].at <= since:
@@ -309,10 +297,10 @@ class Evaluator:
             cache.notes["deployment.gate_failed"] = "; ".join(latest.reasons) if latest else ""
         if "deployment.foreign_ports" in wanted:
             facts["deployment.foreign_ports"], cache.notes["deployment.foreign_ports"] = (
-                _foreign_ports(deployment, processes, listeners))
+                foreign_ports(deployment, processes, listeners))
         if "deployment.metrics_missing" in wanted:
             facts["deployment.metrics_missing"], cache.notes["deployment.metrics_missing"] = (
-                _missing_families(rules, processes, now))
+                missing_families(rules, processes, now))
         cache.fact_frames.append(catalog.Frame(now.timestamp(), {}, facts))
         for name, value in facts.items():
             written = cache.facts_written.get(name)
@@ -461,82 +449,6 @@ def _number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _frame(at: float, processes: dict[str, dict[str, Any]], planned: dict[str, Any],
-           starting: set[str], memory: dict[str, int], previous: catalog.Frame | None
-           ) -> catalog.Frame:
-    entries: dict[str, dict[str, Any]] = {}
-    for slot, entry in processes.items():
-        if slot in starting:
-            continue
-        entry = dict(entry)
-        rss, total = entry.get("rss"), memory.get(slot)
-        if rss is not None and total:
-            entry["memory_ratio"] = rss / total
-        entries[slot] = entry
-    for slot, worker in planned.items():
-        if slot not in entries and slot not in starting:
-            entries[slot] = {"role": worker.role, "up": 0}  # planned and running, not scraped
-    if "router" in entries and "handoffs" in entries["router"]:
-        before = previous.processes.get("router", {}) if previous else {}
-        entries["router"]["handoffs_now"] = _handoff_deltas(before.get("handoffs"),
-                                                            entries["router"]["handoffs"])
-    facts = catalog.deployment_facts(entries)
-    return catalog.Frame(at, entries, facts)
-
-
-def _handoff_deltas(before: list[dict[str, Any]] | None, now: list[dict[str, Any]]
-                    ) -> dict[str, float]:
-    """Hand-offs since the previous snapshot; a counter that went back was restarted."""
-    old = {(row["prefill"], row["decode"]): row for row in before or []}
-    totals = {"ok": 0.0, "failed": 0.0}
-    for row in now:
-        prior = old.get((row["prefill"], row["decode"]))
-        for outcome in totals:
-            value = row[outcome]
-            if prior is None:
-                continue  # first sight of the pair: no interval to count over
-            totals[outcome] += value - prior[outcome] if value >= prior[outcome] else value
-    return totals
-
-
-def _grouped(definition: catalog.SeriesDef, points: dict[catalog.Instance, list[tuple[float, ...]]],
-             scope: str) -> dict[catalog.Instance, list[tuple[float, ...]]]:
-    """Instances folded to the rule's scope, point by point (instances share the snapshot's
-    time)."""
-    if not definition.per_process or scope == Scope.INSTANCE:
-        return dict(points)
-    buckets: dict[catalog.Instance, dict[float, list[tuple[float, ...]]]] = {}
-    for (role, _slot), rows in points.items():
-        key = (role, "") if scope == Scope.ROLE else ("", "")
-        by_time = buckets.setdefault(key, {})
-        for row in rows:
-            by_time.setdefault(row[0], []).append(row)
-    folded: dict[catalog.Instance, list[tuple[float, ...]]] = {}
-    for key, by_time in buckets.items():
-        series_rows = []
-        for at in sorted(by_time):
-            rows = by_time[at]
-            if definition.is_ratio:
-                series_rows.append((at, sum(r[1] for r in rows), sum(r[2] for r in rows)))
-            else:
-                series_rows.append((at, catalog.fold(definition, [r[1] for r in rows])))
-        folded[key] = series_rows
-    return folded
-
-
-def _expected(definition: catalog.SeriesDef, rule: AlertRule, planned: dict[str, Any],
-              starting: set[str]) -> Iterable[catalog.Instance]:
-    """The instances that should have data, so that a silent one is NoData, not forgotten."""
-    if not definition.per_process or rule.scope == Scope.DEPLOYMENT:
-        yield ("", "")
-        return
-    slots = {slot: worker.role for slot, worker in planned.items()} | {"router": "router"}
-    for slot, role in slots.items():
-        if role not in definition.roles or (rule.role and role != rule.role) or slot in starting:
-            continue
-        yield (role, "") if rule.scope == Scope.ROLE else (role, slot)
-
-
 def _muted(alerts: list[Alert], now: datetime) -> dict[int, str]:
     """Alert id -> what mutes it: an active silence of the deployment's team, or a firing alert
     of the same deployment whose rule inhibits it."""
@@ -566,121 +478,3 @@ def _muted(alerts: list[Alert], now: datetime) -> dict[int, str]:
                     muted[alert.pk] = f"inhibited by {source.labels.get('alertname', '')}"
                     break
     return muted
-
-
-def _foreign_ports(deployment: Deployment, processes: dict[str, ManagedProcess],
-                   listeners: dict[int, set[int]]) -> tuple[float, str]:
-    own: set[int] = set()
-    for process in processes.values():
-        if process.pid:
-            own |= port_holders.process_tree(process.pid)
-    planned = [(w.slot, w.port) for w in deployment.workers.all()] + [
-        ("router", deployment.router_port)]
-    foreign = [f"{slot} port {port} held by "
-               + ", ".join(port_holders.describe_process(pid) for pid in sorted(pids))
-               for slot, port in planned
-               if (pids := listeners.get(port)) and not pids <= own]
-    return float(len(foreign)), "; ".join(foreign)
-
-
-def _missing_families(rules: list[AlertRule], processes: dict[str, ManagedProcess],
-                      now: datetime) -> tuple[float, str]:
-    """Metric families the deployment's rules need that a live process's last scrape lacks:
-    what a renamed engine metric looks like before it silently matches nothing."""
-    needed: dict[str, set[str]] = {}
-    for rule in rules:
-        try:
-            definition = catalog.get(rule.series)
-        except ValueError:
-            continue
-        for role in definition.roles:
-            if not rule.role or rule.role == role:
-                needed.setdefault(role, set()).update(definition.sources)
-    fresh = now - timedelta(seconds=30)
-    ready = {p.pk: p for p in processes.values() if p.state == ManagedProcess.State.READY}
-    missing = []
-    for scrape in ProcessScrape.objects.filter(process_id__in=list(ready), scraped__gte=fresh):
-        process = ready[scrape.process_id]
-        present = _families(scrape.text)
-        lacking = sorted(name for name in needed.get(process.role, ()) if name not in present)
-        missing += [f"{name} on {process.slot}" for name in lacking]
-    return float(len(missing)), ", ".join(missing)
-
-
-_SAMPLE_NAME = re.compile(r"^(?:# TYPE )?([a-zA-Z_:][a-zA-Z0-9_:]*)", re.MULTILINE)
-
-
-def _families(text: str) -> set[str]:
-    """The metric names a scrape declares or has samples of: a labelled family without samples
-    yet (no request so far) is declared by its TYPE line, which counts as present. Histogram and
-    summary suffixes also name the family, and a counter's family answers with and without
-    ``_total``."""
-    names = set(_SAMPLE_NAME.findall(text))
-    for name in list(names):
-        for suffix in ("_bucket", "_count", "_sum", "_created"):
-            if name.endswith(suffix):
-                names.add(name[: -len(suffix)])
-        names.add(name[:-6] if name.endswith("_total") else f"{name}_total")
-    return names
-
-
-# ---- preview -------------------------------------------------------------------------------
-PREVIEW_S = 3600.0
-PREVIEW_POINTS = 240
-
-
-def preview(rule: AlertRule, now: datetime, span_s: float = PREVIEW_S) -> dict[str, Any]:
-    """When an (unsaved) rule would have fired over the last ``span_s``: each instance's
-    transitions, replayed every tick over the stored 1 s snapshots, and its series thinned for
-    a chart. Facts that only the evaluator sees (gate, ports, missing metrics) have their
-    stored history of one value, so their preview shows the present."""
-    definition = catalog.get(rule.series)
-    spec = rule_states.RuleSpec(
-        comparison=rule.comparison, threshold=rule.threshold, for_s=rule.for_s,
-        keep_firing_for_s=rule.keep_firing_for_s, min_count=rule.min_count, nodata=rule.nodata)
-    deployment = rule.deployment
-    start = now.timestamp() - span_s
-    planned = {w.slot: w for w in deployment.workers.select_related("node")}
-    memory = {slot: worker.node.memory_bytes for slot, worker in planned.items()}
-    memory["router"] = local_node().memory_bytes
-    frames: list[catalog.Frame] = []
-    since = datetime.fromtimestamp(start - rule.window_s, tz=UTC)
-    seconds = MetricSample.objects.filter(deployment=deployment, resolution=SECOND,
-                                          created__gt=since, created__lte=now)
-    first_second = seconds.order_by("created").values_list("created", flat=True).first() or now
-    # 1 s samples are kept for 15 minutes (console/live/downsample.py); before them, the
-    # minutes' means stand in.
-    minutes = MetricSample.objects.filter(deployment=deployment,
-                                          resolution=MetricSample.Resolution.MINUTE,
-                                          created__gt=since, created__lt=first_second)
-    rows = [*minutes.order_by("created").values_list("created", "data"),
-            *seconds.order_by("created").values_list("created", "data")]
-    for created, data in rows:
-        frames.append(_frame(created.timestamp(), data.get("processes", {}), planned, set(),
-                             memory, frames[-1] if frames else None))
-    frames += [catalog.Frame(fact.at.timestamp(), {}, {fact.series: fact.value})
-               for fact in Fact.objects.filter(deployment=deployment, series=rule.series)]
-    groups = _grouped(definition, catalog.instance_points(definition, frames, rule.role),
-                      rule.scope)
-    instances = []
-    for (role, slot), points in sorted(groups.items()):
-        transitions = rule_states.replay(spec, points, rule.aggregation, rule.window_s, start,
-                                         now.timestamp(), TICK_S, ratio=definition.is_ratio)
-        step = max(1, len(points) // PREVIEW_POINTS)
-        chart = [[row[0], _chart_value(row, definition.is_ratio)] for row in points[::step]]
-        instances.append({
-            "role": role, "process": slot,
-            "transitions": [{"at": t.at, "from": t.from_state, "to": t.to_state,
-                             "value": t.value} for t in transitions],
-            "fired": sum(1 for t in transitions if t.to_state == AlertState.FIRING),
-            "points": chart,
-        })
-    return {"series": definition.name, "unit": definition.unit, "threshold": rule.threshold,
-            "from": start, "to": now.timestamp(), "snapshots": len(frames),
-            "instances": instances}
-
-
-def _chart_value(row: tuple[float, ...], ratio: bool) -> float | None:
-    if not ratio:
-        return row[1]
-    return row[1] / row[2] if row[2] else None

@@ -46,6 +46,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from console.alerts import series as catalog
 from console.alerts.models import AlertRule, Fact, Scope
+from console.alerts.snapshots import first_starts, frame
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
 from console.live.metrics_export import FRESH, latest_samples
@@ -300,7 +301,7 @@ class _Rule:
         return f"({' or '.join(parts)})"
 
     def _expected(self) -> list[tuple[str | None, str]]:
-        """(role, slot) of the instances the plan expects, as evaluation._expected."""
+        """(role, slot) of the instances the plan expects, as snapshots.expected."""
         if self.scope == Scope.DEPLOYMENT:
             return [(None, "")]
         expected: list[tuple[str | None, str]] = []
@@ -424,15 +425,6 @@ def _reading(rule: AlertRule) -> Reading:
 
 
 # ---- the gauges on the console's /metrics -------------------------------------------------
-def _first_starts(slots: Iterable[str], processes: dict[str, ManagedProcess]) -> set[str]:
-    """Slots coming up for the first time since the deployment started: not down yet (the
-    evaluator's rule, evaluation.Evaluator._first_starts)."""
-    return {slot for slot in slots
-            if (process := processes.get(slot)) is None
-            or (process.restarts == 0 and process.ready_at is None
-                and process.state != ManagedProcess.State.FAILED)}
-
-
 def exported_families(now: datetime, deployments: Collection[int] | None) -> list[Metric]:
     """For each running deployment's latest snapshot, read as the evaluator reads it (a first
     start left out, a planned worker missing from it down): whether each process is up, its
@@ -460,14 +452,11 @@ def exported_families(now: datetime, deployments: Collection[int] | None) -> lis
     values: dict[str, dict[str, float]] = defaultdict(dict)
     for sample in samples:
         name, planned = sample.deployment.name, workers[sample.deployment_id]
-        starting = _first_starts([*planned, "router"], processes[sample.deployment_id])
-        entries = {slot: entry for slot, entry in sample.data.get("processes", {}).items()
-                   if slot not in starting}
-        for slot, worker in planned.items():
-            if slot not in entries and slot not in starting:
-                entries[slot] = {"role": worker.role, "up": 0}
+        starting = first_starts(planned, processes[sample.deployment_id])
         node_memory = {slot: worker.node.memory_bytes for slot, worker in planned.items()}
         node_memory["router"] = local.memory_bytes if local is not None else 0
+        entries = frame(sample.created.timestamp(), sample.data.get("processes", {}), planned,
+                        starting, node_memory, None).processes
         for slot, entry in sorted(entries.items()):
             process_labels = [name, slot, entry.get("role", "")]
             if entry.get("up") is not None:

@@ -224,3 +224,18 @@ def test_ready_made_thresholds_follow_the_plan_unless_edited(deployment: Deploym
     assert thresholds["ttft_slo"] == 0.9
     assert thresholds["tpot_slo"] == 0.7  # edited by someone: kept
     assert thresholds["decode_queue"] == thresholds["prefill_queue"] == 6
+
+
+def test_an_alert_that_fires_after_its_inhibitor_is_muted_too(deployment: Deployment) -> None:
+    _running(deployment, restarts=1)
+    evaluator = Evaluator(holder="a")
+    _sample(deployment, T0, prefill_0=_entry("prefill"), router=_entry("router"))
+    evaluator.tick(T0 + timedelta(seconds=1))
+    assert _alert(deployment, "worker_down").state == AlertState.FIRING
+    for second in range(2, 16):
+        _sample(deployment, T0 + timedelta(seconds=second), prefill_0=_entry("prefill"),
+                router=_entry("router"))
+    evaluator.tick(T0 + timedelta(seconds=16))
+    role = AlertEvent.objects.filter(alert__rule__key="role_unavailable").order_by("at").last()
+    assert role.to_state == AlertState.FIRING
+    assert role.muted_by == "inhibited by WorkerDown"

@@ -31,9 +31,9 @@ from console.alerts.api.serializers import (
     NotifierSerializer,
     SilenceSerializer,
 )
-from console.alerts.evaluation import preview
 from console.alerts.models import Alert, AlertEvent, AlertRule, AlertState, Delivery, Notifier, Silence
 from console.alerts.prometheus_rules import render_rule_file
+from console.alerts.rule_preview import preview
 from console.api_router import ID_PARAMETER
 from console.deployments.models import Deployment
 from console.query_params import MAX_ID, bounded_int

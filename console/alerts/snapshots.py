@@ -1,0 +1,102 @@
+"""A deployment's stored snapshots as the alert evaluator reads them, shared by the evaluator,
+the rule preview and the Prometheus gauges so that the three cannot drift apart: a process
+coming up for the first time is left out (a start is not an outage), a planned worker missing
+from a snapshot is down, memory is read against the node's, and per-pair hand-off counters
+become the hand-offs since the previous snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from console.alerts import series as catalog
+from console.alerts.models import AlertRule, Scope
+from console.supervisor.models import ManagedProcess
+
+
+def first_starts(planned: Any, processes: dict[str, ManagedProcess]) -> set[str]:
+    """Slots that are coming up for the first time since the deployment was started: not
+    yet an outage. A restart after a crash counts (``restarts`` > 0)."""
+    starting = set()
+    for slot in [*planned, "router"]:
+        process = processes.get(slot)
+        if process is None or (process.restarts == 0 and process.ready_at is None
+                               and process.state != ManagedProcess.State.FAILED):
+            starting.add(slot)
+    return starting
+
+
+def frame(at: float, processes: dict[str, dict[str, Any]], planned: dict[str, Any],
+           starting: set[str], memory: dict[str, int], previous: catalog.Frame | None
+           ) -> catalog.Frame:
+    entries: dict[str, dict[str, Any]] = {}
+    for slot, entry in processes.items():
+        if slot in starting:
+            continue
+        entry = dict(entry)
+        rss, total = entry.get("rss"), memory.get(slot)
+        if rss is not None and total:
+            entry["memory_ratio"] = rss / total
+        entries[slot] = entry
+    for slot, worker in planned.items():
+        if slot not in entries and slot not in starting:
+            entries[slot] = {"role": worker.role, "up": 0}  # planned and running, not scraped
+    if "router" in entries and "handoffs" in entries["router"]:
+        before = previous.processes.get("router", {}) if previous else {}
+        entries["router"]["handoffs_now"] = _handoff_deltas(before.get("handoffs"),
+                                                            entries["router"]["handoffs"])
+    facts = catalog.deployment_facts(entries)
+    return catalog.Frame(at, entries, facts)
+
+
+def _handoff_deltas(before: list[dict[str, Any]] | None, now: list[dict[str, Any]]
+                    ) -> dict[str, float]:
+    """Hand-offs since the previous snapshot; a counter that went back was restarted."""
+    old = {(row["prefill"], row["decode"]): row for row in before or []}
+    totals = {"ok": 0.0, "failed": 0.0}
+    for row in now:
+        prior = old.get((row["prefill"], row["decode"]))
+        for outcome in totals:
+            value = row[outcome]
+            if prior is None:
+                continue  # first sight of the pair: no interval to count over
+            totals[outcome] += value - prior[outcome] if value >= prior[outcome] else value
+    return totals
+
+
+def grouped(definition: catalog.SeriesDef, points: dict[catalog.Instance, list[tuple[float, ...]]],
+             scope: str) -> dict[catalog.Instance, list[tuple[float, ...]]]:
+    """Instances folded to the rule's scope, point by point (instances share the snapshot's
+    time)."""
+    if not definition.per_process or scope == Scope.INSTANCE:
+        return dict(points)
+    buckets: dict[catalog.Instance, dict[float, list[tuple[float, ...]]]] = {}
+    for (role, _slot), rows in points.items():
+        key = (role, "") if scope == Scope.ROLE else ("", "")
+        by_time = buckets.setdefault(key, {})
+        for row in rows:
+            by_time.setdefault(row[0], []).append(row)
+    folded: dict[catalog.Instance, list[tuple[float, ...]]] = {}
+    for key, by_time in buckets.items():
+        series_rows = []
+        for at in sorted(by_time):
+            rows = by_time[at]
+            if definition.is_ratio:
+                series_rows.append((at, sum(r[1] for r in rows), sum(r[2] for r in rows)))
+            else:
+                series_rows.append((at, catalog.fold(definition, [r[1] for r in rows])))
+        folded[key] = series_rows
+    return folded
+
+
+def expected(definition: catalog.SeriesDef, rule: AlertRule, planned: dict[str, Any],
+              starting: set[str]) -> Iterable[catalog.Instance]:
+    """The instances that should have data, so that a silent one is NoData, not forgotten."""
+    if not definition.per_process or rule.scope == Scope.DEPLOYMENT:
+        yield ("", "")
+        return
+    slots = {slot: worker.role for slot, worker in planned.items()} | {"router": "router"}
+    for slot, role in slots.items():
+        if role not in definition.roles or (rule.role and role != rule.role) or slot in starting:
+            continue
+        yield (role, "") if rule.scope == Scope.ROLE else (role, slot)
