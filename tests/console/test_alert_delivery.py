@@ -29,9 +29,11 @@ from console.alerts.delivery import (
     enqueue,
     rfc3339,
 )
-from console.alerts.models import Alert, AlertRule, AlertState, Delivery, Notifier
+from console.alerts.evaluation import Evaluator
+from console.alerts.models import Alert, AlertRule, AlertState, Delivery, DeliveryAttempt, Notifier
 from console.deployments.models import Deployment
 from tests.console.sockets import free_port, wait_for
+from tests.console.test_alert_evaluation import _healthy, _running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -505,3 +507,29 @@ def test_a_refused_recipient_is_a_recorded_failure(
     assert not attempt.ok
     assert "nobody@example.org (550" in attempt.error
     assert smtp.messages == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hanging_receiver_does_not_delay_the_next_evaluation(
+        deployment: Deployment, receivers: Callable[..., Receiver],
+        worker: DeliveryWorker) -> None:
+    hanging = receivers(hold_s=6)
+    webhook(hanging.url, timeout_s=3)
+    _running(deployment, restarts=1)
+    now = timezone.now()
+    _healthy(deployment, now - timedelta(seconds=1), decode_up=0)
+    evaluator = Evaluator(holder="test")
+    assert evaluator.tick(now).transitions >= 1
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not hanging.received and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hanging.received, "the worker never called the receiver"
+    # The receiver holds the worker's call; the evaluator's next tick does not wait for it.
+    _healthy(deployment, now + timedelta(seconds=4))
+    started = time.monotonic()
+    report = evaluator.tick(now + timedelta(seconds=5))
+    took = time.monotonic() - started
+    assert report.evaluated and report.transitions >= 1 and took < 1.0, took
+    assert Delivery.objects.filter(state=Delivery.State.PENDING).count() >= 1
+    assert not DeliveryAttempt.objects.exists()  # the first attempt is still in flight
