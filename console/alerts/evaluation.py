@@ -46,7 +46,7 @@ from console.alerts.models import (
     Fact,
     Silence,
 )
-from console.alerts.snapshots import expected, first_starts, frame, grouped
+from console.alerts.snapshots import expected, first_ready, first_starts, frame, grouped
 from console.alerts.streams import alert_messages
 from console.deployments.models import Deployment
 from console.fleet import port_holders
@@ -84,6 +84,7 @@ class _Instance:
     labels: dict[str, str]
     state: rule_states.InstanceState
     alert_id: int | None = None
+    notified_at: datetime | None = None
 
 
 @dataclass
@@ -156,7 +157,7 @@ class Evaluator:
                 alert.labels, rule_states.InstanceState(
                     state=alert.state, value=alert.value,
                     active_since=_ts(alert.active_since), fired_at=_ts(alert.fired_at),
-                    last_true_at=_ts(alert.last_true_at)), alert.pk)
+                    last_true_at=_ts(alert.last_true_at)), alert.pk, alert.notified_at)
 
     # ---- one tick --------------------------------------------------------------------------
     def tick(self, now: datetime | None = None) -> TickReport:
@@ -210,7 +211,8 @@ class Evaluator:
         planned = {w.slot: w for w in deployment.workers.all()}
         starting = first_starts(planned, processes)
         cache = self._caches.setdefault(deployment.pk, _DeploymentCache())
-        self._read_samples(deployment, cache, planned, starting, at - longest)
+        self._read_samples(deployment, cache, planned, starting, first_ready(processes),
+                           at - longest)
         self._tick_facts(deployment, rules, cache, processes, listeners, now)
         snapshots, facts = list(cache.frames), list(cache.fact_frames)
         snapshot_times, fact_times = [f.at for f in snapshots], [f.at for f in facts]
@@ -263,7 +265,8 @@ class Evaluator:
 
     # ---- inputs ----------------------------------------------------------------------------
     def _read_samples(self, deployment: Deployment, cache: _DeploymentCache,
-                      planned: dict[str, Any], starting: set[str], since: float) -> None:
+                      planned: dict[str, Any], starting: set[str],
+                      ready_since: dict[str, float], since: float) -> None:
         rows = MetricSample.objects.filter(deployment=deployment, resolution=SECOND,
                                            id__gt=cache.last_sample_id)
         if not cache.last_sample_id:
@@ -274,7 +277,7 @@ class Evaluator:
         for sample_id, created, data in rows.order_by("id").values_list("id", "created", "data"):
             cache.last_sample_id = sample_id
             snapshot = frame(created.timestamp(), data.get("processes", {}), planned, starting,
-                             memory, previous)
+                             memory, previous, ready_since)
             cache.frames.append(snapshot)
             previous = snapshot
         while cache.frames and cache.frames[0].at <= since:
@@ -351,7 +354,8 @@ class Evaluator:
             instance.alert_id = alert.pk
         else:
             alert = Alert(pk=instance.alert_id, rule=rule, deployment=deployment,
-                          fingerprint=fingerprint(instance.labels), labels=instance.labels)
+                          fingerprint=fingerprint(instance.labels), labels=instance.labels,
+                          notified_at=instance.notified_at)
         for name, value in fields.items():
             setattr(alert, name, value)
         return alert
@@ -389,14 +393,22 @@ class Evaluator:
                                      to_state=transition.to_state, value=transition.value,
                                      muted_by=why))
             if transition.resolved:
-                notices.append(Notice(alert=alert, status="resolved", muted=bool(why)))
+                # An episode nobody was told about ends as quietly as it began.
+                quiet = bool(why) or alert.notified_at is None
+                notices.append(Notice(alert=alert, status="resolved", muted=quiet))
+                alert.notified_at = None
             elif (transition.to_state in rule_states.ALERTING_STATES
                   and transition.from_state not in rule_states.ALERTING_STATES):
                 notices.append(Notice(alert=alert, status="firing", muted=bool(why)))
+                alert.notified_at = None if why else now
+        for alert, _transition in changed:
+            instance = self._instances.get((alert.rule_id, alert.fingerprint))
+            if instance is not None:
+                instance.notified_at = alert.notified_at
         with transaction.atomic():
             Alert.objects.bulk_update(rows, ["state", "value", "annotations", "active_since",
                                              "fired_at", "last_true_at", "resolved_at",
-                                             "evaluated_at"])
+                                             "evaluated_at", "notified_at"])
             created = AlertEvent.objects.bulk_create(events)
             if notices:
                 enqueue(notices, now)

@@ -135,6 +135,9 @@ class Alert(models.Model):
     last_true_at = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
     evaluated_at = models.DateTimeField(null=True, blank=True)
+    # When this episode's firing was notified unmuted: its resolution is notified only then
+    # (or where a notifier asks for silenced ones too), as Alertmanager's notification log does.
+    notified_at = models.DateTimeField(null=True, blank=True)
     acknowledged_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                         on_delete=models.SET_NULL, related_name="+")
     acknowledged_at = models.DateTimeField(null=True, blank=True)

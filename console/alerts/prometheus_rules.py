@@ -46,7 +46,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from console.alerts import series as catalog
 from console.alerts.models import AlertRule, Fact, Scope
-from console.alerts.snapshots import first_starts, frame
+from console.alerts.snapshots import first_ready, first_starts, frame
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
 from console.live.metrics_export import FRESH, latest_samples
@@ -456,7 +456,8 @@ def exported_families(now: datetime, deployments: Collection[int] | None) -> lis
         node_memory = {slot: worker.node.memory_bytes for slot, worker in planned.items()}
         node_memory["router"] = local.memory_bytes if local is not None else 0
         entries = frame(sample.created.timestamp(), sample.data.get("processes", {}), planned,
-                        starting, node_memory, None).processes
+                        starting, node_memory, None,
+                        first_ready(processes[sample.deployment_id])).processes
         for slot, entry in sorted(entries.items()):
             process_labels = [name, slot, entry.get("role", "")]
             if entry.get("up") is not None:

@@ -144,16 +144,17 @@ def get(name: str) -> SeriesDef:
         raise ValueError(f"unknown series {name!r}; known: {', '.join(sorted(SERIES))}") from None
 
 
-def deployment_facts(processes: dict[str, Entry]) -> dict[str, float]:
+def deployment_facts(processes: dict[str, Entry], complete: bool = True) -> dict[str, float]:
     """The deployment series that follow from one snapshot: ready workers per role, whether only
-    one side is up, and the P:D load skew."""
+    one side is up, and the P:D load skew; the last two only from a ``complete`` snapshot (no
+    planned worker left out while it starts)."""
     ready = {"prefill": 0, "decode": 0}
     for entry in processes.values():
         if entry.get("role") in ready and entry.get("up"):
             ready[entry["role"]] += 1
     facts = {"deployment.ready_prefill": float(ready["prefill"]),
              "deployment.ready_decode": float(ready["decode"])}
-    pd = any(entry.get("role") in ready for entry in processes.values())
+    pd = complete and any(entry.get("role") in ready for entry in processes.values())
     if pd:
         facts["deployment.one_sided"] = float((ready["prefill"] == 0) != (ready["decode"] == 0))
     router = processes.get("router", {})

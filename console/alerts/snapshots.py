@@ -26,12 +26,23 @@ def first_starts(planned: Any, processes: dict[str, ManagedProcess]) -> set[str]
     return starting
 
 
+def first_ready(processes: dict[str, ManagedProcess]) -> dict[str, float]:
+    """When each slot first became ready since the deployment was started: its snapshots from
+    before then belong to its start, not to an outage."""
+    return {slot: process.ready_at.timestamp() for slot, process in processes.items()
+            if process.restarts == 0 and process.ready_at is not None}
+
+
 def frame(at: float, processes: dict[str, dict[str, Any]], planned: dict[str, Any],
-           starting: set[str], memory: dict[str, int], previous: catalog.Frame | None
-           ) -> catalog.Frame:
+          starting: set[str], memory: dict[str, int], previous: catalog.Frame | None,
+          ready_since: dict[str, float] | None = None) -> catalog.Frame:
+    """One snapshot as rules read it. ``starting``: slots in their first start, left out;
+    ``ready_since``: slots left out of the snapshots taken before they first became ready."""
+    ready_since = ready_since or {}
+    left_out = {*starting, *(slot for slot, ready in ready_since.items() if at < ready)}
     entries: dict[str, dict[str, Any]] = {}
     for slot, entry in processes.items():
-        if slot in starting:
+        if slot in left_out:
             continue
         entry = dict(entry)
         rss, total = entry.get("rss"), memory.get(slot)
@@ -39,13 +50,15 @@ def frame(at: float, processes: dict[str, dict[str, Any]], planned: dict[str, An
             entry["memory_ratio"] = rss / total
         entries[slot] = entry
     for slot, worker in planned.items():
-        if slot not in entries and slot not in starting:
+        if slot not in entries and slot not in left_out:
             entries[slot] = {"role": worker.role, "up": 0}  # planned and running, not scraped
     if "router" in entries and "handoffs" in entries["router"]:
         before = previous.processes.get("router", {}) if previous else {}
         entries["router"]["handoffs_now"] = _handoff_deltas(before.get("handoffs"),
                                                             entries["router"]["handoffs"])
-    facts = catalog.deployment_facts(entries)
+    # A role whose worker is still starting is neither ready nor missing yet.
+    facts = catalog.deployment_facts(entries, complete=not any(slot in left_out
+                                                                for slot in planned))
     return catalog.Frame(at, entries, facts)
 
 

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from console.alerts.evaluation import Evaluator
-from console.alerts.models import Alert, AlertEvent, AlertRule, AlertState, Silence
+from console.alerts.models import (
+    Alert,
+    AlertEvent,
+    AlertRule,
+    AlertState,
+    Delivery,
+    Notifier,
+    Silence,
+)
 from console.alerts.ready_made import rule_specs
 from console.deployments.models import Deployment
 from console.live.models import MetricSample, ProcessScrape
@@ -239,3 +247,35 @@ def test_an_alert_that_fires_after_its_inhibitor_is_muted_too(deployment: Deploy
     role = AlertEvent.objects.filter(alert__rule__key="role_unavailable").order_by("at").last()
     assert role.to_state == AlertState.FIRING
     assert role.muted_by == "inhibited by WorkerDown"
+
+
+def test_snapshots_from_before_a_first_ready_are_the_start_not_an_outage(
+        deployment: Deployment) -> None:
+    """The supervisor saw prefill ready at T0+4.5, before the collector's next snapshot; the
+    snapshots until then say it was not up. They are its start: neither down nor one-sided."""
+    _running(deployment)
+    ManagedProcess.objects.filter(deployment=deployment, slot="prefill-0").update(
+        ready_at=T0 + timedelta(seconds=4.5))
+    for second in range(5):
+        _sample(deployment, T0 + timedelta(seconds=second), prefill_0=_entry("prefill", up=0),
+                decode_0=_entry("decode"), router=_entry("router"))
+    Evaluator(holder="a").tick(T0 + timedelta(seconds=4.8))
+    assert not AlertEvent.objects.exists()
+
+
+def test_an_episode_never_notified_resolves_without_a_notification(
+        deployment: Deployment) -> None:
+    Notifier.objects.create(team=deployment.team, name="hook", kind="webhook",
+                            url="http://127.0.0.1:9/hook")
+    _running(deployment, restarts=1)
+    AlertRule.objects.filter(deployment=deployment, key="ttft_slo").update(window_s=10, for_s=0)
+    evaluator = Evaluator(holder="a")
+    _sample(deployment, T0, prefill_0=_entry("prefill"), decode_0=_entry("decode", up=0),
+            router=_entry("router", ttft_p95=30.0))
+    evaluator.tick(T0 + timedelta(seconds=1))
+    # Both clear at once: the latency alert was muted by worker down the whole time.
+    _healthy(deployment, T0 + timedelta(seconds=20))
+    evaluator.tick(T0 + timedelta(seconds=21))
+    sent = sorted((d.payload["commonLabels"]["alertname"], d.status)
+                  for d in Delivery.objects.all())
+    assert sent == [("WorkerDown", "firing"), ("WorkerDown", "resolved")]
