@@ -301,6 +301,7 @@ def form_data(variant: Variant, node: Node, **changes: str) -> dict[str, str]:
     data = {
         "name": "tiny-form", "base_model": str(variant.base_id), "served_model_name": "tiny",
         "mode": "pd", "max_model_len": "2048", "longest_request": "1024", "concurrency": "8",
+        "ttft_slo_ms": "2000", "tpot_slo_ms": "200",
         "kv_channel": "shared-storage", "kv_cache_gib": "1", "block_size": "",
         "kv_cache_dtype": "auto", "dtype": "bfloat16", "engine_version": node.engine_version,
         "sampling_defaults": '{"temperature": 0}', "router_port": str(free_port()),
