@@ -33,5 +33,6 @@ urlpatterns = [
     path("", include("console.fleet.urls")),
     path("", include("console.gateway.urls")),
     path("", include("console.quality.urls")),
+    path("", include("console.alerts.urls")),
     path("", include("console.control.urls")),
 ]

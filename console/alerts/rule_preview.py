@@ -9,7 +9,7 @@ from console.alerts import rule_states
 from console.alerts import series as catalog
 from console.alerts.evaluation import SECOND, TICK_S
 from console.alerts.models import AlertRule, AlertState, Fact
-from console.alerts.snapshots import frame, grouped
+from console.alerts.snapshots import expected, frame, grouped
 from console.fleet.services import local_node
 from console.live.models import MetricSample
 
@@ -50,6 +50,8 @@ def preview(rule: AlertRule, now: datetime, span_s: float = PREVIEW_S) -> dict[s
                for fact in Fact.objects.filter(deployment=deployment, series=rule.series)]
     groups = grouped(definition, catalog.instance_points(definition, frames, rule.role),
                       rule.scope)
+    for key in expected(definition, rule, planned, set()):
+        groups.setdefault(key, [])  # an instance without data shows as NoData
     instances = []
     for (role, slot), points in sorted(groups.items()):
         transitions = rule_states.replay(spec, points, rule.aggregation, rule.window_s, start,

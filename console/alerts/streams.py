@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from console.alerts.models import Alert, AlertEvent, AlertState
+from console.deployments.models import Deployment
 
 
 def team_group(team_id: int) -> str:
@@ -14,10 +15,13 @@ def team_group(team_id: int) -> str:
 
 
 def firing_counts(team_ids: Iterable[int]) -> dict[int, int]:
-    """Firing alerts per deployment of these teams (the navigation bar sums them)."""
-    counts: dict[int, int] = {}
+    """Firing alerts per deployment of these teams, 0 included (the navigation bar sums them,
+    the deployment list shows each)."""
+    team_ids = list(team_ids)
+    counts: dict[int, int] = dict.fromkeys(
+        Deployment.objects.filter(team__in=team_ids).values_list("pk", flat=True), 0)
     for deployment_id in Alert.objects.filter(
-            deployment__team__in=list(team_ids), state=AlertState.FIRING).values_list(
+            deployment__team__in=team_ids, state=AlertState.FIRING).values_list(
                 "deployment_id", flat=True):
         counts[deployment_id] = counts.get(deployment_id, 0) + 1
     return counts

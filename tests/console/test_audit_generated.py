@@ -62,6 +62,14 @@ def _edit_form(w: World) -> dict[str, Any]:
     return data
 
 
+def _rule_form(w: World, threshold: str = "4") -> dict[str, Any]:
+    return {"deployment": str(w.deployment.pk), "name": "queue", "enabled": "on",
+            "series": "worker.waiting", "role": "", "aggregation": "avg", "window_s": "60",
+            "comparison": ">", "threshold": threshold, "for_s": "0", "keep_firing_for_s": "0",
+            "severity": "warning", "scope": "deployment", "labels": "{}", "summary": "",
+            "runbook_url": "", "min_count": "0", "nodata": "nodata", "inhibits": "[]"}
+
+
 def _node(_w: World) -> dict[str, Any]:
     return {"name": "far", "address": "10.0.0.9", "cpu_count": 2, "memory_gib": 16,
             "gpus": [], "engine_version": "0.32.0"}
@@ -195,6 +203,20 @@ CHANGES: dict[tuple[str, str], Change] = {
     ("api/v1/notifiers/{pk}/", "patch"): Change("admin", lambda w: {"enabled": False},
                                                 "notifier.edit"),
     ("api/v1/notifiers/{pk}/", "delete"): Change("admin", _none, "notifier.delete"),
+    ("alerts/rules/new/", "post"): Change("admin", lambda w: _rule_form(w), "alert_rule.create"),
+    ("alerts/rules/{pk}/", "post"): Change("admin", lambda w: _rule_form(w, threshold="2"),
+                                           "alert_rule.edit"),
+    ("alerts/rules/{pk}/delete/", "post"): Change("admin", _none, "alert_rule.delete"),
+    ("alerts/{pk}/acknowledge/", "post"): Change("operator", lambda w: {"comment": "on it"},
+                                                 "alert.acknowledge"),
+    ("alerts/{pk}/silence/", "post"): Change("operator", lambda w: {
+        "minutes": "30", "comment": "restarting it"}, "silence.create"),
+    ("alerts/silences/{pk}/expire/", "post"): Change("operator", _none, "silence.expire"),
+    ("alerts/notifiers/new/", "post"): Change("admin", lambda w: {
+        "team": str(w.alpha.pk), "name": "pager2", "kind": "webhook", "enabled": "on",
+        "url": "http://127.0.0.1:9/p", "recipients": "[]", "send_resolved": "on",
+        "min_severity": "info", "timeout_s": "5", "max_attempts": "5"}, "notifier.create"),
+    ("alerts/notifiers/{pk}/delete/", "post"): Change("admin", _none, "notifier.delete"),
     # the caller's own API tokens
     ("api/v1/tokens/", "post"): Change("viewer", lambda w: {"name": "script"}, "api_token.create"),
     ("api/v1/tokens/{pk}/revoke/", "post"): Change("viewer", _none, "api_token.revoke"),
@@ -216,6 +238,8 @@ READS: dict[tuple[str, str], str] = {
                                                "logs requests, the audit log changes",
     ("api/v1/alert-rules/preview/", "post"): "a rule evaluated over the stored metrics; "
                                              "nothing is saved",
+    ("alerts/rules/preview/", "post"): "the rule form's preview over the stored metrics; "
+                                       "nothing is saved",
 }
 
 def _spare_model(w: World) -> None:
