@@ -326,6 +326,17 @@
     resizing = window.setTimeout(function () { charts.forEach(function (c) { c.resize(); }); }, 150);
   });
 
+  // Opened from an alert (?at=<when it began>): the shortest window that still shows it.
+  const at = Date.parse(new URLSearchParams(window.location.search).get("at") || "");
+  if (!Number.isNaN(at)) {
+    const age = Date.now() / 1000 - at / 1000;
+    const fits = Object.keys(WINDOW_S).filter(function (name) { return WINDOW_S[name] >= age; });
+    state.window = fits.length ? fits[0] : Object.keys(WINDOW_S).pop();
+    document.querySelectorAll("#dashboard-windows button").forEach(function (button) {
+      button.classList.toggle("selected", button.dataset.window === state.window);
+    });
+  }
+
   // Points the socket brings while the history loads are queued, not lost.
   loadHistory(state.window);
   connect();

@@ -10,6 +10,8 @@ console's hub (embedded mode) broadcasts the alert events it stores.
 from __future__ import annotations
 
 import subprocess
+from datetime import UTC, datetime, timedelta
+from urllib.parse import quote
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,3 +100,10 @@ def test_an_alert_appears_live_and_a_silence_from_the_page_mutes_it(
 
     page.goto(f"{console.url}/")
     expect(page.locator("[data-alert-count-deployment]")).to_have_text("1")
+
+    # An alert's "dashboard" link opens the deployment's dashboard on a window that shows when
+    # it began: two hours ago is in the 24 h window, not the default 15 minutes.
+    link = page.locator("a", has_text="smollm2-1p1d")
+    began = (datetime.now(UTC) - timedelta(hours=2)).isoformat()
+    page.goto(f"{link.get_attribute('href').rstrip('/')}/dashboard/?at={quote(began)}")
+    expect(page.locator("#dashboard-windows button.selected")).to_have_text("24h")
