@@ -10,11 +10,11 @@ console's hub (embedded mode) broadcasts the alert events it stores.
 from __future__ import annotations
 
 import subprocess
-from datetime import UTC, datetime, timedelta
-from urllib.parse import quote
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
