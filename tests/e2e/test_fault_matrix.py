@@ -351,7 +351,7 @@ def test_sigkill_decode(borrowed: Handle, tmp_path: Path) -> None:
 
 def test_sigstop_a_worker_for_30_s(borrowed: Handle) -> None:
     """The deployment's own router, as the console starts it (default probes): a frozen decode
-    is out of rotation within 3 s and back after SIGCONT."""
+    is out of rotation within 4 s and back after SIGCONT."""
     decode = borrowed.processes()["decode-0"]
     url = worker_url(borrowed, "decode-0")
     router = borrowed.router
@@ -369,7 +369,9 @@ def test_sigstop_a_worker_for_30_s(borrowed: Handle) -> None:
         back = _wait(_quiet(lambda: member(router, url)["ready"]), "decode back", 15)
         load.wait_for(8)
     results = load.snapshot()
-    assert detection < 3, f"out of rotation only {detection:.1f} s after SIGSTOP"
+    # Two failed probes a second apart with a 0.6 s deadline take up to 2.6 s; a probe the
+    # router's own loop was late for is inconclusive and waits for the next one (2-core CI).
+    assert detection < 4, f"out of rotation only {detection:.1f} s after SIGSTOP"
     assert borrowed.processes()["decode-0"]["pid"] == decode["pid"]
     late = [r for r in failed(results) if r.started >= stopped + detection]
     assert not late, f"requests started once decode was out of rotation failed: {late}"

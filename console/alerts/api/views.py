@@ -263,8 +263,9 @@ class DeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
             "attempt_log"), self.request.user, "notifier__team")
 
 
-YAML = {(200, "application/yaml"): OpenApiResponse(OpenApiTypes.STR,
-                                                    description="a Prometheus rule file")}
+# A YAML document: clients (and schemathesis) read it as the object it holds.
+YAML = {(200, "application/yaml"): OpenApiResponse(
+    OpenApiTypes.OBJECT, description="a Prometheus rule file: {groups: [{name, interval, rules}]}")}
 
 
 def _yaml(text: str, filename: str) -> HttpResponse:
