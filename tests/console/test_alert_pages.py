@@ -93,9 +93,12 @@ def test_the_rule_page_saves_and_previews(deployment: Deployment, owner: User) -
     client = Client()
     client.force_login(owner)
     preview = client.post("/alerts/rules/preview/", _form(deployment)).json()
-    assert preview["series"] == "worker.waiting" and preview["instances"] == [
-        {"role": "", "process": "", "transitions": [
-            {"at": preview["instances"][0]["transitions"][0]["at"], "from": "inactive",
-             "to": "nodata", "value": None}], "fired": 0, "points": []}]
+    [instance] = preview["instances"]
+    [transition] = instance["transitions"]
+    assert preview["series"] == "worker.waiting" and instance == {
+        "role": "", "process": "", "transitions": [transition], "fired": 0, "points": []}
+    # No snapshot at all: NoData from the hour's first evaluation on.
+    assert transition == {"at": preview["from"], "from": "inactive", "to": "nodata",
+                          "value": None}
     assert client.post("/alerts/rules/new/", _form(deployment)).status_code == 302
     assert AlertRule.objects.filter(deployment=deployment, name="queue").exists()

@@ -31,7 +31,16 @@ from console.alerts.api.serializers import (
     NotifierSerializer,
     SilenceSerializer,
 )
-from console.alerts.models import Alert, AlertEvent, AlertRule, AlertState, Delivery, Notifier, Silence
+from console.alerts.models import (
+    Alert,
+    AlertEvent,
+    AlertRule,
+    AlertState,
+    Delivery,
+    Notifier,
+    Severity,
+    Silence,
+)
 from console.alerts.prometheus_rules import render_rule_file
 from console.alerts.rule_preview import preview
 from console.api_router import ID_PARAMETER
@@ -134,20 +143,8 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
                          self.request.user, "deployment__team")
         if self.action != "list":
             return alerts
-        params = self.request.query_params
-        if params.get("deployment"):
-            alerts = alerts.filter(deployment__name=params["deployment"])
-        if severity := _choice(self.request, "severity", ["critical", "warning", "info"]):
-            alerts = alerts.filter(rule__severity=severity)
-        if state := _choice(self.request, "state", list(AlertState.values)):
-            alerts = alerts.filter(state=state)
-        if params.get("rule"):
-            alerts = alerts.filter(rule_id=_rule_id(params["rule"]))
-        if since := _time(self.request, "since"):
-            alerts = alerts.filter(evaluated_at__gte=since)
-        if until := _time(self.request, "until"):
-            alerts = alerts.filter(active_since__lte=until)
-        return alerts
+        return _filtered(self.request, alerts, rule="rule", state="state",
+                         since="evaluated_at__gte", until="active_since__lte")
 
     @extend_schema(parameters=FILTERS)
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -162,8 +159,24 @@ class AlertViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         return Response(self.get_serializer(alert).data)
 
 
-def _rule_id(raw: str) -> int:
-    return bounded_int(raw, "rule", 1, MAX_ID)
+def _filtered(request: Request, rows: QuerySet[Any], *, rule: str, state: str, since: str,
+              until: str) -> QuerySet[Any]:
+    """The list filters that alerts and their history share, each a 400 naming a bad value;
+    the keyword arguments name the lookups of the model filtered."""
+    params = request.query_params
+    if params.get("deployment"):
+        rows = rows.filter(deployment__name=params["deployment"])
+    if severity := _choice(request, "severity", list(Severity.values)):
+        rows = rows.filter(**{f"{rule}__severity": severity})
+    if wanted := _choice(request, "state", list(AlertState.values)):
+        rows = rows.filter(**{state: wanted})
+    if params.get("rule"):
+        rows = rows.filter(**{f"{rule}_id": bounded_int(params["rule"], "rule", 1, MAX_ID)})
+    if after := _time(request, "since"):
+        rows = rows.filter(**{since: after})
+    if before := _time(request, "until"):
+        rows = rows.filter(**{until: before})
+    return rows
 
 
 class AlertEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
@@ -176,20 +189,8 @@ class AlertEventViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         events = visible(AlertEvent.objects.select_related(
             "alert__deployment", "alert__rule", "alert__acknowledged_by"),
             self.request.user, "deployment__team")
-        params = self.request.query_params
-        if params.get("deployment"):
-            events = events.filter(deployment__name=params["deployment"])
-        if severity := _choice(self.request, "severity", ["critical", "warning", "info"]):
-            events = events.filter(alert__rule__severity=severity)
-        if state := _choice(self.request, "state", list(AlertState.values)):
-            events = events.filter(to_state=state)
-        if params.get("rule"):
-            events = events.filter(alert__rule_id=_rule_id(params["rule"]))
-        if since := _time(self.request, "since"):
-            events = events.filter(at__gte=since)
-        if until := _time(self.request, "until"):
-            events = events.filter(at__lte=until)
-        return events
+        return _filtered(self.request, events, rule="alert__rule", state="to_state",
+                         since="at__gte", until="at__lte")
 
     @extend_schema(parameters=FILTERS)
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
