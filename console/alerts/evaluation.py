@@ -36,7 +36,6 @@ from console.alerts import rule_states
 from console.alerts import series as catalog
 from console.alerts.delivery import Notice, enqueue
 from console.alerts.facts import foreign_ports, missing_families
-from console.alerts.matchers import matches
 from console.alerts.models import (
     Alert,
     AlertEvent,
@@ -44,8 +43,8 @@ from console.alerts.models import (
     AlertState,
     EvaluatorLease,
     Fact,
-    Silence,
 )
+from console.alerts.muting import muted_by
 from console.alerts.snapshots import expected, first_ready, first_starts, frame, grouped
 from console.alerts.streams import alert_messages
 from console.deployments.models import Deployment
@@ -381,7 +380,7 @@ class Evaluator:
         if not changed and not active:
             return []
         rows = [alert for alert, _t in changed] + active
-        muted = _muted(rows, now)
+        muted = muted_by(rows, now)
         notices = []
         events = []
         for alert, transition in changed:
@@ -459,34 +458,3 @@ def _dt(value: float | None) -> datetime | None:
 
 def _number(value: float) -> str:
     return f"{value:.4g}"
-
-
-def _muted(alerts: list[Alert], now: datetime) -> dict[int, str]:
-    """Alert id -> what mutes it: an active silence of the deployment's team, or a firing alert
-    of the same deployment whose rule inhibits it."""
-    deployments = {alert.deployment_id for alert in alerts}
-    teams = dict(Deployment.objects.filter(pk__in=deployments).values_list("pk", "team_id"))
-    silences = list(Silence.objects.filter(team_id__in=set(teams.values()), starts_at__lte=now,
-                                           ends_at__gt=now, expired_early_at__isnull=True))
-    sources = list(Alert.objects.filter(deployment_id__in=deployments, state=AlertState.FIRING)
-                   .exclude(rule__inhibits=[]).select_related("rule"))
-    # This tick's own changes count, before they are stored.
-    current = {alert.pk: alert for alert in alerts}
-    sources = [current.get(source.pk, source) for source in sources]
-    sources += [a for a in alerts if a.state == AlertState.FIRING and a.rule.inhibits
-                and a.pk not in {s.pk for s in sources}]
-    muted: dict[int, str] = {}
-    for alert in alerts:
-        for silence in silences:
-            if silence.team_id == teams[alert.deployment_id] and matches(silence.matchers,
-                                                                         alert.labels):
-                muted[alert.pk] = f"silence #{silence.pk}"
-                break
-        else:
-            for source in sources:
-                if (source.state == AlertState.FIRING and source.pk != alert.pk
-                        and source.deployment_id == alert.deployment_id
-                        and matches(source.rule.inhibits, alert.labels)):
-                    muted[alert.pk] = f"inhibited by {source.labels.get('alertname', '')}"
-                    break
-    return muted
