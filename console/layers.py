@@ -23,5 +23,6 @@ APP_ORDER: tuple[str, ...] = (
     "quality",      # output gates and variant measurements
     "playground",   # chat with a deployment through its router
     "alerts",       # alert rules over the metrics, silences, notifiers and the alert dashboard
+    "rollouts",     # revisions of a deployment and the rollouts between them
     "control",      # composition root: the deployment lifecycle, its pages, the supervise daemon
 )

@@ -84,6 +84,7 @@ INSTALLED_APPS = [
     "console.gateway",
     "console.quality",
     "console.alerts",
+    "console.rollouts",
     "console.control",
 ]
 

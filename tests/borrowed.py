@@ -48,7 +48,8 @@ START_TIMEOUT_S = 420.0
 # How long the console may still call clean processes something other than ready.
 STATE_GRACE_S = 30.0
 # The keys of a deployment's reading that are its state; the others are its plan.
-NOT_PLAN = frozenset({"state", "desired_state", "degraded", "processes", "created", "updated"})
+NOT_PLAN = frozenset({"state", "desired_state", "degraded", "processes", "created", "updated",
+                      "revision", "rollout"})
 
 # Borrowers take turns: the deployment is lent to one at a time.
 _LOCK = threading.Lock()

@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import connection
 
 from console.control.pools import PoolSync
+from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import ProcessSpec, kv_channel, process_specs
 from console.deployments.models import Deployment
 from console.fleet.services import refresh_local_node
@@ -57,6 +58,7 @@ class Supervisor(ProcessEngine):
     )
     gates: GateRunner = field(default_factory=GateRunner)
     pools: PoolSync = field(default_factory=PoolSync)
+    rollouts: RolloutRunner = field(default_factory=RolloutRunner)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,6 +82,7 @@ class Supervisor(ProcessEngine):
         did = self.reconcile() or did
         did = self.gates.step() or did
         did = self.pools.step() or did
+        did = self.rollouts.step(self.children) or did
         did = self.housekeeping() or did
         return self.sweep() or did
 
@@ -101,7 +104,8 @@ class Supervisor(ProcessEngine):
         # A deployment's KV storage is emptied once per start, not on every restart of a worker.
         self.prepared &= {d.pk for d in running}
         for deployment in running:
-            specs = process_specs(deployment)
+            # A rollout's green workers run beside the plan's, under slots of their own.
+            specs = process_specs(deployment) + self.rollouts.specs(deployment)
             if router_hold(deployment):
                 specs = [spec for spec in specs if spec.role != "router"]
             fresh_start = deployment.pk not in self.prepared
@@ -217,6 +221,7 @@ class Supervisor(ProcessEngine):
         # Children first: a gate thread waiting on its reference server then sees it stopped,
         # and queues its gate again for the next supervisor.
         self.gates.stop()
+        self.rollouts.stop()
         self.stop_children(grace_s)
         self.gates.stop_all()
         self.http.close()

@@ -20,6 +20,7 @@ from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput, save_plan
 from console.gateway.services import keys_file_path
 from console.quality import services as quality
+from console.rollouts import revisions
 from console.supervisor.models import ManagedProcess
 
 
@@ -69,6 +70,8 @@ def start(deployment: Deployment) -> Report:
         if deployment.desired_state != Deployment.DesiredState.RUNNING:
             # The supervisor starts the router only once this gate is done (console/quality).
             quality.on_start(deployment)
+        # What starts is a revision: the plan as stored, numbered (console/rollouts).
+        revisions.ensure_live(deployment)
         request_state(deployment, Deployment.DesiredState.RUNNING)
     return report
 

@@ -22,6 +22,7 @@ import httpx
 
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.router_admin import AdminUnreadable, admin_get, admin_headers, admin_url, router_running
+from console.rollouts.revisions import live_number
 from console.supervisor.models import ManagedProcess
 
 log = logging.getLogger("pdserve.supervisor")
@@ -139,7 +140,9 @@ class PoolSync:
         try:
             response = httpx.post(f"{admin_url(deployment)}/backends", timeout=self.admin_timeout_s,
                                   headers=admin_headers(deployment),
-                                  json={"role": worker.role, "url": worker.url})
+                                  # The plan's workers are the live revision's group's.
+                                  json={"role": worker.role, "url": worker.url,
+                                        "revision": str(live_number(deployment) or 1)})
         except httpx.HTTPError as exc:
             log.warning("%s: adding %s to the router failed: %s", deployment.name, worker.url, exc)
             return False
@@ -168,3 +171,4 @@ class PoolSync:
         else:
             log.warning("%s: the router refused to drain %s: %d %s", deployment.name, url,
                         response.status_code, response.text[:300])
+

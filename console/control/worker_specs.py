@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import tempfile
@@ -10,10 +11,15 @@ from pathlib import Path
 
 from django.conf import settings
 
+from console.catalog.models import Variant
 from console.checks.suite import enforce_handshake_compat
 from console.deployments.models import Deployment, WorkerPlan
+from console.fleet.services import local_node
 from console.gateway.router_admin import admin_token
 from console.gateway.services import write_keys_file
+from console.rollouts import revisions
+from console.rollouts.models import Revision, Rollout
+from console.rollouts.revisions import live_number
 from inference.kv_channels import KVChannel, make_channel, uses_transfer_params
 from inference.launch import WorkerSpec, build_command
 
@@ -27,12 +33,19 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def kv_storage_path(deployment: Deployment) -> Path:
-    return Path(settings.PDSERVE_KV_DIR) / deployment.name
+def kv_storage_path(deployment: Deployment, revision: int | None = None) -> Path:
+    """A revision's own KV directory (the live one's when not given): the shared-storage
+    connector finds KV by prompt tokens, so two revisions sharing one directory would let one
+    revision's decode load the other's prefilled KV. A deployment that has never been started
+    since revisions exist has no number yet."""
+    number = revision if revision is not None else live_number(deployment)
+    return Path(settings.PDSERVE_KV_DIR) / (deployment.name if number is None
+                                            else f"{deployment.name}@r{number}")
 
 
-def kv_channel(deployment: Deployment) -> KVChannel:
-    return make_channel(deployment.kv_channel, storage_path=kv_storage_path(deployment))
+def kv_channel(deployment: Deployment, revision: int | None = None) -> KVChannel:
+    return make_channel(deployment.kv_channel,
+                        storage_path=kv_storage_path(deployment, revision))
 
 
 def chat_template_path(deployment: Deployment) -> Path:
@@ -61,8 +74,10 @@ def write_chat_template(deployment: Deployment) -> Path | None:
 
 
 def worker_spec(deployment: Deployment, worker: WorkerPlan,
-                handshake_compat: bool = True, chat_template: Path | None = None) -> WorkerSpec:
-    """``chat_template``: the file :func:`write_chat_template` wrote, when the plan has one."""
+                handshake_compat: bool = True, chat_template: Path | None = None,
+                revision: int | None = None) -> WorkerSpec:
+    """``chat_template``: the file :func:`write_chat_template` wrote, when the plan has one;
+    ``revision``: the revision the worker runs (the live one when not given)."""
     return WorkerSpec(
         role=worker.role,
         model_path=worker.variant.path,
@@ -70,7 +85,7 @@ def worker_spec(deployment: Deployment, worker: WorkerPlan,
         port=worker.port,
         max_model_len=deployment.max_model_len,
         kv_channel=None if worker.role == WorkerPlan.Role.COLOCATED else deployment.kv_channel,
-        kv_storage_path=str(kv_storage_path(deployment)),
+        kv_storage_path=str(kv_storage_path(deployment, revision)),
         side_channel_port=worker.side_channel_port,
         host=worker.host,
         cpu_cores=worker.core_tuple(),
@@ -88,6 +103,7 @@ def worker_spec(deployment: Deployment, worker: WorkerPlan,
         reasoning_parser=deployment.reasoning_parser,
         cache_dir=str(settings.PDSERVE_CACHE_DIR),
         enforce_eager=settings.PDSERVE_ENFORCE_EAGER,
+        extra_args=tuple(deployment.extra_engine_args or ()),
     )
 
 
@@ -112,6 +128,7 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan],
     tokenizer_worker = (by_role.get("decode") or by_role.get("colocated") or workers)[0]
     argv = [
         sys.executable, "-m", "inference.router",
+        "--revision", str(live_number(deployment) or 1),
         "--served-model-name", deployment.served_model_name,
         "--tokenizer", tokenizer_worker.variant.path,
         "--max-model-len", str(deployment.max_model_len),
@@ -169,4 +186,47 @@ def process_specs(deployment: Deployment) -> list[ProcessSpec]:
                    "--keys-file", str(write_keys_file(deployment))]
     specs.append(ProcessSpec(slot="router", role="router", port=deployment.router_port,
                              argv=router_args, env=router_env))
+    return specs
+
+
+def green_slot(slot: str, revision: Revision) -> str:
+    """A rollout's green worker's slot beside the live one's: ``prefill-0@r2``."""
+    return f"{slot}@r{revision.number}"
+
+
+def green_workers(deployment: Deployment, rollout: Rollout) -> list[WorkerPlan]:
+    """The rollout's green workers as unsaved plan rows: the revision's settings and variants,
+    laid out as the plan lays its roles out, on the ports chosen for the rollout."""
+    spec = rollout.to_revision.spec
+    shadow = copy.copy(deployment)
+    for name in revisions.FIELDS:
+        setattr(shadow, name, spec[name])
+    variants = {v.pk: v for v in Variant.objects.filter(
+        pk__in=[pool["variant"] for pool in spec["pools"].values()])}
+    workers = []
+    for role, instances in revisions.layout(deployment, spec).items():
+        for index, instance in enumerate(instances):
+            ports = rollout.green_ports[f"{role}-{index}"]
+            node = instance.node or local_node()
+            workers.append(WorkerPlan(
+                deployment=shadow, role=role, index=index,
+                variant=variants[spec["pools"][role]["variant"]], node=node,
+                host="127.0.0.1" if node.is_local else node.address, port=ports["port"],
+                side_channel_port=ports["side_channel_port"], cpu_cores=instance.cpu_cores or "",
+                gpu_indices=instance.gpu_indices or "", share_devices=instance.share_devices))
+    return workers
+
+
+def green_specs(deployment: Deployment, rollout: Rollout) -> list[ProcessSpec]:
+    workers = green_workers(deployment, rollout)
+    # One variant everywhere: NIXL's check stays on. Different ones passed the KV checks when
+    # the rollout was made (it is refused otherwise), as a plan's do before it may start.
+    handshake_compat = len({w.variant.pk for w in workers}) == 1
+    chat_template = write_chat_template(deployment)
+    specs = []
+    for worker in workers:
+        argv, env = build_command(worker_spec(worker.deployment, worker, handshake_compat,
+                                              chat_template, rollout.to_revision.number))
+        specs.append(ProcessSpec(slot=green_slot(worker.slot, rollout.to_revision),
+                                 role=worker.role, port=worker.port, argv=argv, env=env))
     return specs

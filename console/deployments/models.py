@@ -41,6 +41,28 @@ def validate_deployment_name(value: str) -> None:
         raise ValidationError(f"{value!r} is reserved; choose another name")
 
 
+# Flags the plan sets itself (from its own fields) or the launcher owns: given again as extra
+# engine flags they would contradict the plan, or the router's view of the workers.
+OWNED_ENGINE_FLAGS = frozenset({
+    "--model", "--served-model-name", "--host", "--port", "--max-model-len", "--dtype",
+    "--kv-cache-dtype", "--block-size", "--kv-transfer-config", "--override-generation-config",
+    "--tool-call-parser", "--enable-auto-tool-choice", "--chat-template", "--reasoning-parser",
+    "--enforce-eager", "--tensor-parallel-size", "--disable-access-log-for-endpoints",
+})
+
+
+def validate_engine_args(value: object) -> None:
+    if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+        raise ValidationError('expected a list of vllm serve arguments such as '
+                              '["--max-num-seqs", "4"]')
+    if value and not value[0].startswith("--"):
+        raise ValidationError(f"the first argument must be a flag (--name), got {value[0]!r}")
+    for argument in value:
+        flag = argument.split("=", 1)[0]
+        if flag in OWNED_ENGINE_FLAGS:
+            raise ValidationError(f"{flag} is set from the plan's own fields; change those instead")
+
+
 def validate_sampling_defaults(value: object) -> None:
     if not isinstance(value, dict):
         raise ValidationError('expected a JSON object such as {"temperature": 0}')
@@ -158,6 +180,9 @@ class Deployment(models.Model):
         default=dict, blank=True, validators=[validate_sampling_defaults],
         help_text="default sampling parameters for every worker, e.g. {\"temperature\": 0}",
     )
+    extra_engine_args = models.JSONField(
+        default=list, blank=True, validators=[validate_engine_args],
+        help_text='further vllm serve arguments for every worker, e.g. ["--max-num-seqs", "4"]')
     # Tool calling and templates: passed to every worker (and the template to the router too,
     # which renders chat prompts itself for length checks and the PD hand-off).
     tool_call_parser = models.CharField(

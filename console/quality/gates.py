@@ -26,6 +26,7 @@ from inference.launch import LaunchError
 from inference.output_gate import (
     GateError,
     ReferenceServer,
+    Thresholds,
     load_prompts,
     run_gate,
 )
@@ -111,27 +112,35 @@ class GateRunner:
 
     def _evaluate(self, gate: GateResult) -> tuple[str, dict[str, Any], str, str]:
         deployment = gate.deployment
-        variant = services.reference_variant(deployment)
-        if variant is None:
-            return (State.ERROR, {}, f"{deployment.base_model.name} has no unquantized variant "
-                    "to use as the reference; register one", "")
-        reference = f"{variant} ({deployment.dtype})"
-        server = ReferenceServer(model_path=variant.path, port=0, dtype=deployment.dtype,
-                                 max_model_len=deployment.max_model_len,
-                                 cache_dir=str(settings.PDSERVE_CACHE_DIR),
-                                 enforce_eager=settings.PDSERVE_ENFORCE_EAGER)
-        log_path = self.log_dir / deployment.name / "gate-reference.log"
-        try:
-            prompts = load_prompts(gate.prompts)
-            if self.stopping.is_set():
-                raise ProcessFailed("the supervisor is stopping")
-            with served(server, ManagedProcess.Kind.GATE_REFERENCE, f"gate-{gate.pk}-reference",
-                        log_path) as process:
-                report = run_gate(process.url, services.candidates(deployment), prompts,
-                                  thresholds=services.thresholds(gate))
-        except (GateError, LaunchError, ProcessFailed, OSError) as exc:
-            return State.ERROR, {}, f"{exc} (reference log: {log_path})", reference
-        return (State.PASSED if report.passed else State.FAILED, report.as_dict(), "", reference)
+        return evaluate(deployment, services.candidates(deployment), gate.prompts,
+                        services.thresholds(gate), f"gate-{gate.pk}-reference",
+                        self.log_dir / deployment.name / "gate-reference.log", self.stopping)
+
+
+def evaluate(deployment: Deployment, candidates: dict[str, str], prompt_count: int,
+             thresholds: Thresholds, slot: str, log_path: Path,
+             stopping: threading.Event) -> tuple[str, dict[str, Any], str, str]:
+    """Score ``candidates`` (label -> worker URL) against a reference server of the base model's
+    unquantized variant, started for this and released after: (state, report, error,
+    reference). A rollout's gate scores green's workers with it (console/control)."""
+    variant = services.reference_variant(deployment)
+    if variant is None:
+        return (State.ERROR, {}, f"{deployment.base_model.name} has no unquantized variant "
+                "to use as the reference; register one", "")
+    reference = f"{variant} ({deployment.dtype})"
+    server = ReferenceServer(model_path=variant.path, port=0, dtype=deployment.dtype,
+                             max_model_len=deployment.max_model_len,
+                             cache_dir=str(settings.PDSERVE_CACHE_DIR),
+                             enforce_eager=settings.PDSERVE_ENFORCE_EAGER)
+    try:
+        prompts = load_prompts(prompt_count)
+        if stopping.is_set():
+            raise ProcessFailed("the supervisor is stopping")
+        with served(server, ManagedProcess.Kind.GATE_REFERENCE, slot, log_path) as process:
+            report = run_gate(process.url, candidates, prompts, thresholds=thresholds)
+    except (GateError, LaunchError, ProcessFailed, OSError) as exc:
+        return State.ERROR, {}, f"{exc} (reference log: {log_path})", reference
+    return (State.PASSED if report.passed else State.FAILED, report.as_dict(), "", reference)
 
 
 def workers_ready(deployment: Deployment) -> bool:

@@ -11,6 +11,8 @@ from console.control.status import degraded_role, overall_state
 from console.deployments.api.serializers import WorkerPlanSerializer
 from console.deployments.models import Deployment
 from console.quality.api.serializers import GateStatusSerializer, gate_settings
+from console.rollouts import revisions
+from console.rollouts import services as rollout_services
 from console.supervisor.api.serializers import ProcessSerializer
 
 
@@ -20,6 +22,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
     base_model = serializers.CharField(source="base_model.name")
     state = serializers.SerializerMethodField()
     degraded = serializers.SerializerMethodField()
+    revision = serializers.SerializerMethodField()
+    rollout = serializers.SerializerMethodField()
     router_url = serializers.CharField()
     router = serializers.SerializerMethodField()
     gate = serializers.SerializerMethodField()
@@ -32,9 +36,9 @@ class DeploymentSerializer(serializers.ModelSerializer):
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
                   "sampling_defaults", "tool_call_parser", "enable_auto_tool_choice",
-                  "chat_template", "reasoning_parser", "router", "gate",
-                  "router_url", "desired_state", "state", "degraded", "workers", "processes",
-                  "created", "updated"]
+                  "chat_template", "reasoning_parser", "extra_engine_args", "router", "gate",
+                  "router_url", "desired_state", "state", "degraded", "revision", "rollout",
+                  "workers", "processes", "created", "updated"]
 
     def get_state(self, deployment: Deployment) -> str:
         return overall_state(deployment, list(deployment.processes.all()))
@@ -50,6 +54,22 @@ class DeploymentSerializer(serializers.ModelSerializer):
     @extend_schema_field(GateStatusSerializer)
     def get_gate(self, deployment: Deployment) -> dict[str, Any]:
         return gate_settings(deployment)
+
+    @extend_schema_field({"type": "object", "nullable": True, "description":
+                          "the live revision: its number and when it was made"})
+    def get_revision(self, deployment: Deployment) -> dict[str, Any] | None:
+        live = revisions.live(deployment)
+        return None if live is None else {"number": live.number, "created": live.created}
+
+    @extend_schema_field({"type": "object", "nullable": True, "description":
+                          "the rollout in progress: its id, state, revisions and weights"})
+    def get_rollout(self, deployment: Deployment) -> dict[str, Any] | None:
+        rollout = rollout_services.active(deployment)
+        if rollout is None:
+            return None
+        return {"id": rollout.pk, "state": rollout.state, "strategy": rollout.strategy,
+                "from_revision": rollout.from_revision.number,
+                "to_revision": rollout.to_revision.number, "weights": rollout.weights}
 
     def get_router(self, deployment: Deployment) -> dict[str, Any]:
         return {"host": deployment.router_host, "port": deployment.router_port,

@@ -1,0 +1,469 @@
+"""The supervisor's part of a rollout: it moves each active rollout on from its stored state.
+
+Every tick reads the rollout from the database and does the next thing its state asks for, so a
+supervisor killed mid-rollout is replaced by one that goes on from the same row:
+
+- starting: green's workers run beside blue's (``slots`` adds them to the reconcile); once all
+  are ready, the output gate (if the revision wants one) or the first step;
+- gating: green's workers are scored against the base model's reference in a thread; green is
+  not in the router yet, so no request reaches it before it passed;
+- stepping: green's group is in the router at the step's weight; every interval the router's
+  per-revision metrics are compared (console/rollouts/analysis.py); a step ends when its hold is
+  over and the last window passed; too many failed windows roll back;
+- warm: green has all the traffic, blue stays up for the delay (a failed window still rolls
+  back to it);
+- draining: blue's group takes no new requests and finishes its own; then the plan becomes the
+  revision (its ports and variants), the processes' slots are swapped and blue's workers stop;
+- rolling back: green's weight is 0 and its group drains, then green's workers stop.
+
+The router's groups and weights are made equal to the stored ones on every tick, so a router
+restarted mid-rollout gets green's group back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from console.audit.actors import acting_as
+from console.audit.models import AuditEntry
+from console.control.worker_specs import ProcessSpec, green_slot, green_specs, green_workers
+from console.deployments.models import Deployment
+from console.deployments.plans import save_plan
+from console.gateway.router_admin import AdminUnreadable, admin_get, admin_headers, admin_url
+from console.quality.gates import evaluate
+from console.quality.models import GateResult
+from console.rollouts import analysis, revisions
+from console.rollouts.machine import move
+from console.rollouts.models import AnalysisRun, Revision, Rollout
+from console.supervisor.engine import Child
+from console.supervisor.models import ManagedProcess
+from inference.output_gate import Thresholds
+
+log = logging.getLogger("pdserve.rollouts")
+State = Rollout.State
+ADMIN_TIMEOUT_S = 2.0
+# The states in which green's group is in the router.
+WHILE_ROUTING = (State.STEPPING, State.WARM, State.DRAINING, State.ROLLING_BACK)
+
+
+@dataclass
+class RolloutRunner:
+    # rollout id -> the gate thread scoring its green
+    gates: dict[int, threading.Thread] = field(default_factory=dict)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    # rollout id -> (monotonic time, scrape) of the window's start
+    windows: dict[int, tuple[float, analysis.Scrape]] = field(default_factory=dict)
+
+    # ---- what the reconcile runs -------------------------------------------------------
+    def specs(self, deployment: Deployment) -> list[ProcessSpec]:
+        """Green's process specs while its rollout needs green's workers up."""
+        rollout = _active(deployment)
+        if rollout is None:
+            return []
+        return green_specs(deployment, rollout)
+
+    # ---- the tick ------------------------------------------------------------------------
+    def step(self, children: dict[int, Child]) -> bool:
+        did = False
+        for rollout in Rollout.objects.filter(state__in=Rollout.ACTIVE_STATES).select_related(
+                "deployment", "from_revision", "to_revision"):
+            if rollout.deployment.desired_state != Deployment.DesiredState.RUNNING:
+                continue
+            try:
+                with acting_as(AuditEntry.Actor.SYSTEM, "supervisor"):
+                    did = self._advance(rollout, children) or did
+            except AdminUnreadable as exc:
+                log.info("rollout #%d: router admin API unreadable (%s); asked again", rollout.pk,
+                         exc)
+        self.windows = {k: v for k, v in self.windows.items()
+                        if Rollout.objects.filter(pk=k, state__in=Rollout.ACTIVE_STATES).exists()}
+        return did
+
+    def _advance(self, rollout: Rollout, children: dict[int, Child]) -> bool:
+        state = rollout.state
+        if state == State.STARTING:
+            return self._starting(rollout)
+        if state == State.GATING:
+            return self._gating(rollout)
+        if state == State.PAUSED:
+            self._sync_router(rollout)
+            return False
+        if state == State.STEPPING:
+            return self._stepping(rollout)
+        if state == State.WARM:
+            return self._warm(rollout)
+        if state == State.DRAINING:
+            return self._draining(rollout, children)
+        if state == State.ROLLING_BACK:
+            return self._rolling_back(rollout)
+        return False
+
+    # ---- states --------------------------------------------------------------------------
+    def _starting(self, rollout: Rollout) -> bool:
+        states = self._green_states(rollout)
+        waited = (timezone.now() - rollout.state_since).total_seconds()
+        if states and set(states.values()) == {ManagedProcess.State.READY}:
+            if self._gate_wanted(rollout):
+                move(rollout, State.GATING, "green's workers are ready; the output gate scores "
+                     "them before any traffic", gate={"state": GateResult.State.QUEUED})
+            else:
+                self._enter_step(rollout, 0, "green's workers are ready; the revision's gate is "
+                                             "off")
+            return True
+        if waited > rollout.start_timeout_s:
+            detail = ", ".join(f"{slot} {state}" for slot, state in sorted(states.items()))
+            move(rollout, State.ROLLING_BACK, f"green did not become ready within "
+                 f"{rollout.start_timeout_s} s ({detail or 'no process'})",
+                 weights=self._rollback_weights(rollout))
+            return True
+        return False
+
+    def _gating(self, rollout: Rollout) -> bool:
+        gate = rollout.gate or {}
+        if gate.get("state") in (GateResult.State.PASSED, GateResult.State.FAILED,
+                                 GateResult.State.ERROR):
+            if gate["state"] == GateResult.State.PASSED:
+                self._enter_step(rollout, 0, "green passed the output gate")
+            else:
+                what = "failed" if gate["state"] == GateResult.State.FAILED else "could not run"
+                detail = "; ".join(gate.get("report", {}).get("reasons", [])) or gate.get("error", "")
+                move(rollout, State.ROLLING_BACK, f"green's output gate {what}: {detail}"[:1000],
+                     weights=self._rollback_weights(rollout))
+            return True
+        thread = self.gates.get(rollout.pk)
+        if thread is None or not thread.is_alive():
+            # Not started yet, or started by a supervisor that is gone: (re)start it.
+            thread = threading.Thread(target=self._run_gate, args=(rollout.pk,),
+                                      name=f"rollout-gate-{rollout.pk}", daemon=True)
+            self.gates[rollout.pk] = thread
+            Rollout.objects.filter(pk=rollout.pk).update(gate={"state": GateResult.State.RUNNING})
+            thread.start()
+            return True
+        return False
+
+    def _stepping(self, rollout: Rollout) -> bool:
+        step = rollout.steps[rollout.step_index]
+        if rollout.step_since is None:
+            # A step entered (or a promote) without weights yet: set them now.
+            self._enter_step(rollout, rollout.step_index, rollout.reason)
+            return True
+        self._sync_router(rollout)
+        if step["weight"] >= 100:
+            weights = {rollout.blue.label: 0, rollout.green.label: 100}
+            move(rollout, State.WARM, f"green takes all the traffic; blue stays warm for "
+                 f"{rollout.scale_down_delay_s} s", weights=weights)
+            self._sync_router(Rollout.objects.get(pk=rollout.pk))
+            return True
+        verdict = self._analyse(rollout)
+        if verdict == analysis.FAIL and self._failed_too_often(rollout):
+            return True
+        held = (timezone.now() - rollout.step_since).total_seconds() >= step.get("hold_s", 0)
+        if held and self._last_verdict(rollout) == analysis.PASS:
+            self._enter_step(rollout, rollout.step_index + 1,
+                             f"step {rollout.step_index + 1} held {step.get('hold_s', 0)} s and "
+                             "its analysis passed")
+            return True
+        return verdict is not None
+
+    def _warm(self, rollout: Rollout) -> bool:
+        self._sync_router(rollout)
+        verdict = self._analyse(rollout)
+        if verdict == analysis.FAIL and self._failed_too_often(rollout):
+            return True
+        if (timezone.now() - rollout.state_since).total_seconds() >= rollout.scale_down_delay_s:
+            self._delete_group(rollout, rollout.blue.label)
+            move(rollout, State.DRAINING, f"blue r{rollout.blue.number} takes no new requests "
+                 f"and finishes its own (at most {rollout.drain_timeout_s} s)")
+            return True
+        return verdict is not None
+
+    def _draining(self, rollout: Rollout, children: dict[int, Child]) -> bool:
+        if not self._drained(rollout, rollout.blue.label):
+            return False
+        self._promote(rollout, children)
+        return True
+
+    def _rolling_back(self, rollout: Rollout) -> bool:
+        if self._router_ready(rollout.deployment):
+            groups = self._groups(rollout.deployment)
+            if rollout.green.label in groups and groups[rollout.green.label]["state"] != "draining":
+                self._put_weights(rollout.deployment, {rollout.blue.label: 100,
+                                                       rollout.green.label: 0})
+                self._delete_group(rollout, rollout.green.label)
+        if not self._drained(rollout, rollout.green.label):
+            return False
+        with transaction.atomic():
+            if rollout.green.state == Revision.State.DRAFT:
+                Revision.objects.filter(pk=rollout.green.pk).update(state=Revision.State.FAILED)
+            move(rollout, State.ROLLED_BACK, f"rolled back: blue r{rollout.blue.number} serves "
+                 f"everything; green's workers stop ({rollout.reason})"[:1000])
+        self.windows.pop(rollout.pk, None)
+        return True
+
+    # ---- steps and analysis --------------------------------------------------------------
+    def _enter_step(self, rollout: Rollout, index: int, reason: str) -> None:
+        weight = rollout.steps[index]["weight"]
+        weights = {rollout.blue.label: 100 - weight, rollout.green.label: weight}
+        move(rollout, State.STEPPING, f"{reason}; step {index + 1} of {len(rollout.steps)}: "
+             f"green takes {weight}%", step_index=index, weights=weights,
+             step_since=timezone.now(), failures=0)
+        self._sync_router(Rollout.objects.get(pk=rollout.pk))
+        # The analysis window starts with the new weights.
+        self.windows.pop(rollout.pk, None)
+
+    def _analyse(self, rollout: Rollout) -> str | None:
+        """Close the current window when its interval is over: store its verdict and return it;
+        None while the window is still open (or just opened)."""
+        now = time.monotonic()
+        opened = self.windows.get(rollout.pk)
+        if opened is not None and now - opened[0] < rollout.analysis["interval_s"]:
+            return None
+        scrape = self._scrape(rollout.deployment)
+        self.windows[rollout.pk] = (now, scrape)
+        if opened is None:
+            return None
+        judgement = analysis.judge(opened[1], scrape, rollout.blue.label, rollout.green.label,
+                                   rollout.analysis, baseline=self._baseline(rollout))
+        AnalysisRun.objects.create(rollout=rollout, step_index=rollout.step_index,
+                                   window_s=now - opened[0], verdict=judgement.verdict,
+                                   metrics=judgement.metrics, requests=judgement.requests)
+        if judgement.verdict == analysis.FAIL:
+            Rollout.objects.filter(pk=rollout.pk).update(failures=rollout.failures + 1)
+            rollout.failures += 1
+        return judgement.verdict
+
+    def _failed_too_often(self, rollout: Rollout) -> bool:
+        if rollout.failures <= rollout.analysis["failure_limit"]:
+            return False
+        last = rollout.analyses.order_by("-at", "-pk").first()
+        failed = ", ".join(f"{name} {row['why']}" for name, row in (last.metrics if last else {}).items()
+                           if row["verdict"] == analysis.FAIL)
+        move(rollout, State.ROLLING_BACK, f"analysis failed {rollout.failures} times (limit "
+             f"{rollout.analysis['failure_limit']}): {failed}"[:1000],
+             weights=self._rollback_weights(rollout))
+        self._sync_router(Rollout.objects.get(pk=rollout.pk))
+        return True
+
+    @staticmethod
+    def _last_verdict(rollout: Rollout) -> str | None:
+        last = rollout.analyses.filter(step_index=rollout.step_index,
+                                       at__gte=rollout.step_since).order_by("-at", "-pk").first()
+        return last.verdict if last else None
+
+    @staticmethod
+    def _baseline(rollout: Rollout) -> dict[str, float | None] | None:
+        """Blue's measures from the last window in which it had enough requests, for windows
+        where it has none (green at 100%)."""
+        blue = rollout.blue.label
+        for run in rollout.analyses.order_by("-at", "-pk")[:50]:
+            if run.requests.get(blue, 0) >= rollout.analysis["min_requests"]:
+                values = {name: row.get("blue") for name, row in run.metrics.items()}
+                return {**values, "requests": run.requests[blue]}
+        return None
+
+    # ---- the gate ------------------------------------------------------------------------
+    def _gate_wanted(self, rollout: Rollout) -> bool:
+        spec = rollout.green.spec
+        if spec["gate_mode"] != Deployment.GateMode.AUTO:
+            return spec["gate_mode"] == Deployment.GateMode.ON
+        # As for a start (console/quality/services.gate_applies), on green's variants.
+        shadow = green_workers(rollout.deployment, rollout)
+        variants = {w.variant for w in shadow}
+        return len(variants) > 1 or any(v.is_quantized for v in variants)
+
+    def _run_gate(self, rollout_id: int) -> None:
+        try:
+            rollout = Rollout.objects.select_related("deployment__base_model", "to_revision").get(
+                pk=rollout_id)
+            spec = rollout.green.spec
+            candidates: dict[str, str] = {}
+            for worker in green_workers(rollout.deployment, rollout):
+                candidates.setdefault(f"{worker.role} {worker.variant.name}", worker.url)
+            log_path = (Path(settings.PDSERVE_LOG_DIR) / rollout.deployment.name
+                        / f"rollout-{rollout.pk}-gate-reference.log")
+            state, report, error, reference = evaluate(
+                rollout.deployment, candidates, spec["gate_prompts"],
+                Thresholds(min_agreement=spec["gate_min_agreement"],
+                           max_mean_delta=spec["gate_max_mean_delta"]),
+                f"rollout-{rollout.pk}-gate-reference", log_path, self.stopping)
+            if self.stopping.is_set() and state == GateResult.State.ERROR:
+                return  # cut short by the supervisor's stop: the next supervisor runs it again
+            if spec["gate_action"] == Deployment.GateAction.WARN and state != GateResult.State.PASSED:
+                report = {**report, "warned": True}
+                state_for_rollout = GateResult.State.PASSED
+            else:
+                state_for_rollout = state
+            Rollout.objects.filter(pk=rollout_id).update(gate={
+                "state": state_for_rollout, "verdict": state, "report": report,
+                "error": error[:1000], "reference": reference})
+            log.info("rollout #%d: green's gate %s %s", rollout_id, state, error)
+        except Exception:  # the rollout must not wait forever on a crashed thread
+            log.exception("rollout #%d: the gate crashed", rollout_id)
+            Rollout.objects.filter(pk=rollout_id).update(gate={
+                "state": GateResult.State.ERROR, "error": "the gate crashed; see the log"})
+        finally:
+            connection.close()
+
+    # ---- promotion -----------------------------------------------------------------------
+    def _promote(self, rollout: Rollout, children: dict[int, Child]) -> None:
+        """The plan becomes green's revision, on green's ports; the processes' slots follow, so
+        that the supervisor keeps green's workers as the plan's and stops blue's."""
+        deployment = Deployment.objects.get(pk=rollout.deployment_id)
+        renames: dict[int, str] = {}
+        with transaction.atomic():
+            data = revisions.plan_input(rollout.green.spec,
+                                        revisions.layout(deployment, rollout.green.spec))
+            for role, pool in data.pools.items():
+                for index, instance in enumerate(pool.instances):
+                    ports = rollout.green_ports[f"{role}-{index}"]
+                    instance.port = ports["port"]
+                    instance.side_channel_port = ports["side_channel_port"]
+            save_plan(data, deployment)
+            processes = ManagedProcess.objects.filter(deployment=deployment,
+                                                      kind=ManagedProcess.Kind.WORKER)
+            blue_slots = [p for p in processes if "@" not in p.slot]
+            green_suffix = f"@r{rollout.green.number}"
+            green_rows = [p for p in processes if p.slot.endswith(green_suffix)]
+            # Rows a slot will be renamed to that are left from earlier rollouts (stopped).
+            taken = {green_slot(p.slot, rollout.blue) for p in blue_slots}
+            processes.filter(slot__in=taken).exclude(
+                state__in=ManagedProcess.ALIVE_STATES).delete()
+            for row in blue_slots:
+                renames[row.pk] = green_slot(row.slot, rollout.blue)
+            for row in green_rows:
+                renames[row.pk] = row.slot.removesuffix(green_suffix)
+            for pk in renames:  # two passes: no new name meets an old one in the constraint
+                ManagedProcess.objects.filter(pk=pk).update(slot=f"~{pk}")
+            for pk, slot in renames.items():
+                ManagedProcess.objects.filter(pk=pk).update(slot=slot)
+            Revision.objects.filter(pk=rollout.blue.pk).update(state=Revision.State.RETIRED)
+            Revision.objects.filter(pk=rollout.green.pk).update(state=Revision.State.LIVE)
+            move(rollout, State.SUCCEEDED, f"r{rollout.green.number} is live; blue "
+                 f"r{rollout.blue.number}'s workers stop")
+        for pk, slot in renames.items():
+            if pk in children:
+                children[pk].slot = slot
+        self.windows.pop(rollout.pk, None)
+
+    # ---- the router ------------------------------------------------------------------------
+    def _sync_router(self, rollout: Rollout) -> None:
+        """Make the router's groups and weights the stored ones: green's group exists once green
+        passed its gate, with the stored weights."""
+        deployment = rollout.deployment
+        if rollout.state not in WHILE_ROUTING and not (
+                rollout.state == State.PAUSED and rollout.paused_from in WHILE_ROUTING):
+            return
+        if not self._router_ready(deployment):
+            return
+        groups = self._groups(deployment)
+        green = rollout.green.label
+        if green not in groups:
+            self._add_group(rollout)
+            groups = self._groups(deployment)
+        wanted = {label: weight for label, weight in rollout.weights.items()
+                  if label in groups and groups[label]["state"] != "draining"}
+        current = {label: groups[label]["weight"] for label in wanted}
+        if wanted and wanted != current:
+            self._put_weights(deployment, wanted)
+
+    def _add_group(self, rollout: Rollout) -> None:
+        deployment = rollout.deployment
+        pools: dict[str, list[str]] = {}
+        for worker in green_workers(deployment, rollout):
+            pools.setdefault(worker.role, []).append(worker.url)
+        body = {"revision": rollout.green.label, "mode": rollout.green.spec["mode"],
+                "weight": 0, **pools}
+        response = self._admin("POST", deployment, "/groups", json=body)
+        if response.status_code not in (201, 409):
+            raise AdminUnreadable(f"POST /admin/groups: {response.status_code} "
+                                  f"{response.text[:300]}")
+
+    def _put_weights(self, deployment: Deployment, weights: dict[str, int]) -> None:
+        response = self._admin("PUT", deployment, "/groups/weights", json={"weights": weights})
+        if response.status_code != 200:
+            raise AdminUnreadable(f"PUT /admin/groups/weights: {response.status_code} "
+                                  f"{response.text[:300]}")
+
+    def _delete_group(self, rollout: Rollout, label: str) -> None:
+        if not self._router_ready(rollout.deployment):
+            return
+        response = self._admin("DELETE", rollout.deployment, f"/groups/{label}")
+        if response.status_code not in (202, 404):
+            raise AdminUnreadable(f"DELETE /admin/groups/{label}: {response.status_code} "
+                                  f"{response.text[:300]}")
+
+    def _drained(self, rollout: Rollout, label: str) -> bool:
+        """Whether ``label``'s group is gone from the router (drained), or its drain timed out,
+        or no router runs to hold its requests."""
+        if not self._router_ready(rollout.deployment):
+            return True
+        if label not in self._groups(rollout.deployment):
+            return True
+        waited = (timezone.now() - rollout.state_since).total_seconds()
+        if waited > rollout.drain_timeout_s:
+            log.warning("rollout #%d: r%s still draining after %d s; its workers are stopped",
+                        rollout.pk, label, rollout.drain_timeout_s)
+            return True
+        return False
+
+    def _groups(self, deployment: Deployment) -> dict[str, dict[str, Any]]:
+        data = admin_get(deployment, "/groups", timeout_s=ADMIN_TIMEOUT_S)
+        try:
+            return {group["revision"]: group for group in data["groups"]}
+        except (KeyError, TypeError) as exc:
+            raise AdminUnreadable(f"GET /admin/groups: not a group listing ({exc!r})") from exc
+
+    @staticmethod
+    def _router_ready(deployment: Deployment) -> bool:
+        return deployment.processes.filter(role="router",
+                                           state=ManagedProcess.State.READY).exists()
+
+    @staticmethod
+    def _admin(method: str, deployment: Deployment, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return httpx.request(method, f"{admin_url(deployment)}{path}",
+                                 headers=admin_headers(deployment), timeout=ADMIN_TIMEOUT_S,
+                                 **kwargs)
+        except httpx.HTTPError as exc:
+            raise AdminUnreadable(f"{method} /admin{path}: {type(exc).__name__}: {exc}") from exc
+
+    def _scrape(self, deployment: Deployment) -> analysis.Scrape:
+        url = admin_url(deployment).removesuffix("/admin") + "/metrics"
+        try:
+            response = httpx.get(url, timeout=ADMIN_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            raise AdminUnreadable(f"GET /metrics: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise AdminUnreadable(f"GET /metrics: {response.status_code}")
+        return analysis.parse(response.text)
+
+    # ---- helpers ---------------------------------------------------------------------------
+    @staticmethod
+    def _rollback_weights(rollout: Rollout) -> dict[str, int]:
+        return {rollout.blue.label: 100, rollout.green.label: 0}
+
+    @staticmethod
+    def _green_states(rollout: Rollout) -> dict[str, str]:
+        suffix = f"@r{rollout.green.number}"
+        return dict(ManagedProcess.objects.filter(
+            deployment=rollout.deployment_id, slot__endswith=suffix).values_list("slot", "state"))
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+def _active(deployment: Deployment) -> Rollout | None:
+    """The rollout whose green workers should run: every active one (a rolling-back green
+    stops once drained, when the rollout is done)."""
+    return (Rollout.objects.filter(deployment=deployment, state__in=Rollout.ACTIVE_STATES)
+            .select_related("to_revision", "from_revision").first())

@@ -1,0 +1,211 @@
+"""What operators do to rollouts (the page, REST and ``manage.py rollout`` all come here):
+start one, pause, resume, promote, roll back. The supervisor's runner does the rest
+(console/control/rollout_runner.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from console.deployments.models import Deployment
+from console.deployments.placement import Ledger
+from console.fleet.services import local_node
+from console.rollouts import revisions
+from console.rollouts.machine import TransitionRefused, move
+from console.rollouts.models import Revision, Rollout
+
+Strategy = Rollout.Strategy
+State = Rollout.State
+
+DEFAULT_CANARY_STEPS: list[dict[str, Any]] = [
+    {"weight": 10, "hold_s": 60}, {"weight": 50, "hold_s": 60}, {"weight": 100, "hold_s": 0}]
+# Error and hand-off failure rates absolute, latencies relative to blue over the same window.
+DEFAULT_ANALYSIS: dict[str, Any] = {
+    "interval_s": 10, "failure_limit": 1, "min_requests": 20,
+    "metrics": {
+        "error_rate": {"max": 0.01},
+        "handoff_failure_rate": {"max": 0.01},
+        "ttft_p95": {"max_ratio": 1.5},
+        "itl_p95": {"max_ratio": 1.5},
+        "tpot_p95": {"max_ratio": 1.5},
+    },
+}
+METRICS = tuple(DEFAULT_ANALYSIS["metrics"])
+LIMIT_KEYS = ("max", "max_ratio")
+
+
+class RolloutRefused(Exception):
+    """A rollout that cannot start now; the message says why and ``field`` names the input."""
+
+    def __init__(self, message: str, field: str = "non_field_errors") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def active(deployment: Deployment) -> Rollout | None:
+    return deployment.rollouts.filter(state__in=Rollout.ACTIVE_STATES).first()
+
+
+def validate_steps(steps: Any) -> list[dict[str, Any]]:
+    if not isinstance(steps, list) or not steps:
+        raise ValidationError({"steps": 'a list such as [{"weight": 10, "hold_s": 60}, ...]'})
+    previous = 0
+    for index, step in enumerate(steps):
+        if not isinstance(step, dict) or set(step) - {"weight", "hold_s"}:
+            raise ValidationError({f"steps.{index}": 'an object {"weight": 1-100, "hold_s": >= 0}'})
+        weight, hold = step.get("weight"), step.get("hold_s", 0)
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise ValidationError({f"steps.{index}.weight": "an integer percentage from 1 to 100"})
+        if weight <= previous:
+            raise ValidationError({f"steps.{index}.weight": "weights must increase step by step"})
+        if isinstance(hold, bool) or not isinstance(hold, int | float) or not 0 <= hold <= 86_400:
+            raise ValidationError({f"steps.{index}.hold_s": "seconds from 0 to 86400"})
+        previous = weight
+    if previous != 100:
+        raise ValidationError({"steps": "the last step must send green 100% of the traffic"})
+    return [{"weight": s["weight"], "hold_s": s.get("hold_s", 0)} for s in steps]
+
+
+def validate_analysis(analysis: Any) -> dict[str, Any]:
+    if analysis is None:
+        return dict(DEFAULT_ANALYSIS)
+    if not isinstance(analysis, dict):
+        raise ValidationError({"analysis": "an object with interval_s, failure_limit, "
+                                           "min_requests and metrics"})
+    merged = {**DEFAULT_ANALYSIS, **analysis}
+    for name, low, high in (("interval_s", 1, 3600), ("failure_limit", 0, 100),
+                            ("min_requests", 1, 1_000_000)):
+        value = merged[name]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            raise ValidationError({f"analysis.{name}": f"a number from {low} to {high}"})
+    metrics = merged["metrics"]
+    if not isinstance(metrics, dict):
+        raise ValidationError({"analysis.metrics": f"an object keyed by {', '.join(METRICS)}"})
+    for name, limits in metrics.items():
+        if name not in METRICS:
+            raise ValidationError({f"analysis.metrics.{name}": f"unknown metric; one of "
+                                                               f"{', '.join(METRICS)}"})
+        if not isinstance(limits, dict) or not limits or set(limits) - set(LIMIT_KEYS):
+            raise ValidationError({f"analysis.metrics.{name}":
+                                   'an object with "max" (absolute) and/or "max_ratio" (x blue)'})
+        for key, value in limits.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValidationError({f"analysis.metrics.{name}.{key}": "a number >= 0"})
+    return merged
+
+
+def green_ports(deployment: Deployment, spec: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Free ports for green's workers: clear of every plan on their nodes (blue's included) and
+    of what is bound on this node now."""
+    ports: dict[str, dict[str, int]] = {}
+    ledgers: dict[int, Ledger] = {}
+    for role, instances in revisions.layout(deployment, spec).items():
+        for index, instance in enumerate(instances):
+            node = instance.node or local_node()
+            if node.pk not in ledgers:
+                ledgers[node.pk] = Ledger.for_node(node, exclude=None)
+                ledgers[node.pk].ports.add(deployment.router_port)
+            ledger = ledgers[node.pk]
+            ports[f"{role}-{index}"] = {"port": ledger.port(role),
+                                        "side_channel_port": ledger.side_channel_port()}
+    return ports
+
+
+def start(deployment: Deployment, revision: Revision, strategy: str,
+          user: AbstractBaseUser | None, *, steps: Any = None, analysis: Any = None,
+          scale_down_delay_s: int = 30, drain_timeout_s: int = 120) -> Rollout:
+    """Start rolling ``revision`` out: green starts beside blue on the next supervisor tick."""
+    if strategy not in Strategy.values:
+        raise RolloutRefused(f"unknown strategy {strategy!r}; one of {', '.join(Strategy.values)}",
+                             "strategy")
+    if strategy == Strategy.IN_PLACE:
+        raise RolloutRefused("the in-place strategy is not built yet: use blue_green or canary "
+                             "(see the README's Rollouts section)", "strategy")
+    if revision.deployment_id != deployment.pk:
+        raise RolloutRefused(f"revision r{revision.number} belongs to another deployment",
+                             "revision")
+    if deployment.desired_state != Deployment.DesiredState.RUNNING:
+        raise RolloutRefused(f"{deployment.name} is not running: a stopped deployment's plan is "
+                             "edited in place and its next start runs it")
+    if strategy == Strategy.BLUE_GREEN:
+        steps = [{"weight": 100, "hold_s": 0}] if steps is None else steps
+    steps = validate_steps(DEFAULT_CANARY_STEPS if steps is None else steps)
+    checked = validate_analysis(analysis)
+    with transaction.atomic():
+        Deployment.objects.select_for_update().get(pk=deployment.pk)
+        if (running := active(deployment)) is not None:
+            raise RolloutRefused(f"rollout #{running.pk} of {deployment.name} is {running.state}; "
+                                 "one rollout at a time")
+        blue = revisions.ensure_live(deployment)
+        if revision.pk == blue.pk:
+            raise RolloutRefused(f"r{revision.number} is the live revision already", "revision")
+        report = revisions.check_spec(deployment, revision.spec)
+        if not report.ok:
+            errors = "; ".join(f"{o.check_id}: {o.message}" for o in report.errors)
+            raise RolloutRefused(f"green's pre-flight checks failed: {errors}", "revision")
+        rollout = Rollout.objects.create(
+            deployment=deployment, from_revision=blue, to_revision=revision, strategy=strategy,
+            steps=steps, analysis=checked, scale_down_delay_s=scale_down_delay_s,
+            drain_timeout_s=drain_timeout_s, weights={blue.label: 100, revision.label: 0},
+            green_ports=green_ports(deployment, revision.spec), state=State.STARTING,
+            state_since=timezone.now(), created_by=user)
+        move(rollout, State.STARTING, f"{user.get_username() if user else 'a command'} started "
+             f"a {strategy.replace('_', '-')} rollout of r{revision.number} over r{blue.number}")
+    return rollout
+
+
+def pause(rollout: Rollout) -> Rollout:
+    if rollout.state == State.PAUSED:
+        raise TransitionRefused("the rollout is paused already")
+    if rollout.state not in (State.STARTING, State.GATING, State.STEPPING, State.WARM):
+        raise TransitionRefused(f"the rollout is {rollout.state}: nothing to pause")
+    return move(rollout, State.PAUSED, "paused by an operator: the weights stay as they are",
+                paused_from=rollout.state)
+
+
+def resume(rollout: Rollout) -> Rollout:
+    if rollout.state != State.PAUSED:
+        raise TransitionRefused(f"the rollout is {rollout.state}, not paused")
+    # The hold of the interrupted step starts again: what was measured before the pause is old.
+    return move(rollout, rollout.paused_from, "resumed by an operator", paused_from="",
+                step_since=timezone.now() if rollout.step_since else None)
+
+
+def promote(rollout: Rollout) -> Rollout:
+    """Skip the remaining steps and analysis: green takes all the traffic now (Argo's
+    "promote --full"); blue then stays warm for the delay and is drained."""
+    if rollout.state not in (State.STEPPING, State.PAUSED) or (
+            rollout.state == State.PAUSED and rollout.paused_from not in (State.STEPPING, State.WARM)):
+        raise TransitionRefused(f"the rollout is {rollout.state}: only a rollout whose green "
+                                "passed its gate and takes traffic can be promoted")
+    last = len(rollout.steps) - 1
+    return move(rollout, State.STEPPING, "promoted by an operator: green takes all the traffic",
+                step_index=last, step_since=None, paused_from="")
+
+
+def rollback(rollout: Rollout, reason: str = "rolled back by an operator") -> Rollout:
+    """Send green's weight to 0 and drain it; blue serves everything."""
+    if rollout.state not in (State.STARTING, State.GATING, State.STEPPING, State.PAUSED,
+                             State.WARM):
+        raise TransitionRefused(f"the rollout is {rollout.state}: it cannot be rolled back now"
+                                + ("; roll back to the previous revision instead"
+                                   if rollout.state == State.SUCCEEDED else ""))
+    blue, green = rollout.from_revision.label, rollout.to_revision.label
+    return move(rollout, State.ROLLING_BACK, reason, weights={blue: 100, green: 0})
+
+
+def rollback_to_previous(deployment: Deployment, user: AbstractBaseUser | None,
+                         strategy: str = Strategy.BLUE_GREEN) -> Rollout:
+    """One click: roll the revision live before this one out again, through the same machine."""
+    current = revisions.live(deployment)
+    if current is None:
+        raise RolloutRefused(f"{deployment.name} has no live revision yet")
+    previous = (deployment.revisions.filter(state=Revision.State.RETIRED, number__lt=current.number)
+                .order_by("-number").first())
+    if previous is None:
+        raise RolloutRefused(f"{deployment.name} has no revision before r{current.number}")
+    return start(deployment, previous, strategy, user)
