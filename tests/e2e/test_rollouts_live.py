@@ -1,0 +1,202 @@
+"""Rollouts on a real deployment: the session's tiny-model 1P1D (tests/borrowed.py) under a load
+that never pauses, through a canary rollout (with its supervisor SIGKILLed mid-rollout), a
+blue-green rollout, a one-click rollback, and a green that fails its output gate.
+
+The two revisions run different random-weight models (tests/tiny_llama.py, two seeds), so their
+greedy answers differ: an answer names its revision (``X-Pdserve-Revision``) and must be that
+revision's text, which a prefill of one revision paired with a decode of another would not give.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.borrowed import SMOLLM2, Handle
+from tests.e2e.test_fault_matrix import _wait, up_child
+from tests.tiny_llama import SHARED_TINY, build_tiny_llama
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = "The capital of France is the city of"
+ROLLOUT_TIMEOUT_S = 600.0
+# Short steps, holds and windows: the test proves the machine, not the defaults.
+CANARY = {"steps": [{"weight": 30, "hold_s": 6}, {"weight": 100, "hold_s": 0}],
+          "analysis": {"interval_s": 3, "failure_limit": 3, "min_requests": 3,
+                       "metrics": {"error_rate": {"max": 0.0}, "handoff_failure_rate": {"max": 0.0},
+                                   "ttft_p95": {"max_ratio": 20}}},
+          "scale_down_delay_s": 4, "drain_timeout_s": 60}
+
+
+@dataclass
+class Load:
+    """Clients that send completions without pause; every answer is kept."""
+
+    router: str
+    model: str
+    answers: list[tuple[int, str, str, str]] = field(default_factory=list)  # status, rev, text, err
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, session: str | None) -> None:
+        with httpx.Client(timeout=120) as client:
+            while not self.stop.is_set():
+                headers = {"X-Session-Id": session} if session else {}
+                try:
+                    response = client.post(f"{self.router}/v1/completions", headers=headers, json={
+                        "model": self.model, "prompt": PROMPT, "max_tokens": 6,
+                        "temperature": 0})
+                except httpx.HTTPError as exc:
+                    self.answers.append((0, "", "", repr(exc)))
+                    continue
+                revisions = response.headers.get_list("X-Pdserve-Revision")
+                text = (response.json()["choices"][0]["text"] if response.status_code == 200
+                        else "")
+                self.answers.append((response.status_code, ",".join(revisions), text,
+                                     "" if response.status_code == 200 else response.text[:300]))
+
+    def since(self, index: int) -> list[tuple[int, str, str, str]]:
+        return self.answers[index:]
+
+
+@pytest.fixture
+def load(borrowed: Handle) -> Iterator[Load]:
+    load = Load(borrowed.router, borrowed.served_model_name)
+    threads = [threading.Thread(target=load.run, args=(session,), daemon=True)
+               for session in (None, None, "sticky-session")]
+    for thread in threads:
+        thread.start()
+    yield load
+    load.stop.set()
+    for thread in threads:
+        thread.join(timeout=130)
+
+
+def _rollout(handle: Handle, revision: int, strategy: str, **options: Any) -> dict[str, Any]:
+    response = handle.call("POST", "/api/v1/rollouts/", json={
+        "deployment": handle.deployment_id, "revision": revision, "strategy": strategy,
+        **options})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def _finish(handle: Handle, rollout_id: int, wanted: str,
+            during: Any = None) -> dict[str, Any]:
+    """Wait for the rollout to end; ``during(rollout)`` is called on each poll."""
+    deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
+    while True:
+        body = _quiet_get(handle, f"/api/v1/rollouts/{rollout_id}/")
+        if body is not None:
+            if during is not None:
+                during(body)
+            if body["state"] in ("succeeded", "rolled_back"):
+                assert body["state"] == wanted, (body["reason"], body["transitions"])
+                return body
+        assert time.monotonic() < deadline, f"rollout #{rollout_id} not done: {body}"
+        time.sleep(0.5)
+
+
+def _quiet_get(handle: Handle, path: str) -> dict[str, Any] | None:
+    try:
+        response = handle.call("GET", path)
+    except httpx.HTTPError:
+        return None
+    return response.json() if response.status_code == 200 else None
+
+
+def _draft(handle: Handle, **body: Any) -> int:
+    response = handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/revisions/",
+                           json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["number"]
+
+
+def _check(answers: list[tuple[int, str, str, str]], texts: dict[str, str]) -> Counter[str]:
+    """Every answer a 200 naming one revision, with that revision's text."""
+    failed = [a for a in answers if a[0] != 200]
+    assert not failed, f"{len(failed)} of {len(answers)} requests failed: {failed[:5]}"
+    by_revision: Counter[str] = Counter()
+    for _, revision, text, _ in answers:
+        assert revision and "," not in revision, f"an answer names {revision!r}"
+        if revision in texts:
+            assert text == texts[revision], (revision, text, texts)
+        else:
+            texts[revision] = text
+        by_revision[revision] += 1
+    return by_revision
+
+
+def test_canary_blue_green_and_rollback_lose_nothing_and_never_mix_revisions(
+        borrowed: Handle, load: Load) -> None:
+    live = borrowed.deployment()
+    [variant] = {w["variant_id"] for w in borrowed.deployment()["workers"]}
+    other = build_tiny_llama(SMOLLM2, SHARED_TINY.parent / "tiny-llama-2l-seed1", seed=1)
+    registered = borrowed.call("POST", "/api/v1/variants/", json={
+        "base_model": "tiny", "name": "f32-seed1", "path": str(other)})
+    assert registered.status_code in (201, 400), registered.text
+    texts: dict[str, str] = {}
+    _wait(lambda: len(load.answers) >= 10, "the load's first answers", 60)
+    first = live["revision"]["number"] if live.get("revision") else 1
+
+    # 1. Canary to the other model; the supervisor is SIGKILLed while green takes 30%.
+    green = _draft(borrowed, variants={"prefill": "tiny/f32-seed1", "decode": "tiny/f32-seed1"},
+                   gate={"mode": "off"}, note="the seed-1 model")
+    start = len(load.answers)
+    rollout = _rollout(borrowed, green, "canary", **CANARY)
+    killed: list[float] = []
+
+    def kill_supervisor_once(body: dict[str, Any]) -> None:
+        if not killed and body["state"] == "stepping" and body["weights"].get(str(green)) == 30:
+            up_child("manage.py supervise").kill()
+            killed.append(time.monotonic())
+
+    canary = _finish(borrowed, rollout["id"], "succeeded", during=kill_supervisor_once)
+    assert killed, "the canary never held green at 30%"
+    served = _check(load.since(start), texts)
+    assert served[str(first)] and served[str(green)], served
+    assert texts[str(first)] != texts[str(green)], "the two models answer alike"
+    states = [t["to_state"] for t in canary["transitions"]]
+    assert states[:2] == ["starting", "stepping"] and states[-3:] == ["warm", "draining",
+                                                                       "succeeded"], states
+    assert any(a["verdict"] == "pass" for a in canary["analyses"]), canary["analyses"]
+    print(f"\ncanary r{first} -> r{green}: {served} (supervisor SIGKILLed mid-rollout)")
+
+    # 2. Blue-green back to the first model under a new revision.
+    third = _draft(borrowed, variants={"prefill": variant, "decode": variant},
+                   gate={"mode": "off"}, extra_engine_args=["--max-num-seqs", "64"])
+    start = len(load.answers)
+    rollout = _rollout(borrowed, third, "blue_green", scale_down_delay_s=4, drain_timeout_s=60,
+                       analysis=CANARY["analysis"])
+    _finish(borrowed, rollout["id"], "succeeded")
+    texts[str(third)] = texts[str(first)]  # the same model as the first revision
+    served = _check(load.since(start), texts)
+    assert served[str(third)], served
+    print(f"blue-green r{green} -> r{third}: {served}")
+
+    # 3. One click: back to the previous revision (r{green}), blue-green.
+    start = len(load.answers)
+    back = borrowed.call("POST", f"/api/v1/deployments/{borrowed.deployment_id}/rollback/")
+    assert back.status_code == 201, back.text
+    assert back.json()["to_revision"] == green
+    _finish(borrowed, back.json()["id"], "succeeded")
+    served = _check(load.since(start), texts)
+    print(f"rollback r{third} -> r{green}: {served}")
+    assert borrowed.deployment()["revision"]["number"] == green
+
+    # 4. A green that fails its output gate never receives a request.
+    # The seed-1 model, now live, against the base model's reference (the first registered
+    # unquantized variant, the original model): a different model, so the gate fails.
+    failing = _draft(borrowed, gate={"mode": "on"})
+    start = len(load.answers)
+    rollout = _rollout(borrowed, failing, "canary", **CANARY)
+    done = _finish(borrowed, rollout["id"], "rolled_back")
+    served = _check(load.since(start), texts)
+    assert str(failing) not in served, served
+    assert "gate" in done["reason"], done["reason"]
+    print(f"gated r{failing}: {done['reason'][:200]}; served {served}")
