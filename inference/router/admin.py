@@ -1,12 +1,14 @@
 """The router's admin API: list, add and remove pool members at run time.
 
     GET    /admin/backends
-    POST   /admin/backends                      {"role": "prefill", "url": "http://127.0.0.1:8101"}
-    DELETE /admin/backends?role=prefill&url=http://127.0.0.1:8101
+    POST   /admin/backends      {"role": "prefill", "url": "http://127.0.0.1:8101", "revision": "2"}
+    DELETE /admin/backends?role=prefill&url=http://127.0.0.1:8101&revision=2
 
-It is guarded by its own bearer token (``PDSERVE_ROUTER_ADMIN_TOKEN``), never the inference API
-key, and answers 404 to everything while no token is configured. A removed backend takes no new
-requests at once and is closed when its in-flight requests have finished (see backends.py).
+``revision`` names the group (see groups.py and groups_admin.py); it may be left out while the
+router has one group. It is guarded by its own bearer token (``PDSERVE_ROUTER_ADMIN_TOKEN``),
+never the inference API key, and answers 404 to everything while no token is configured. A
+removed backend takes no new requests at once and is closed when its in-flight requests have
+finished (see backends.py).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import hmac
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from yarl import URL
 
-from inference.router.backends import Backend
+from inference.router.admin_shapes import backend_url, describe, error
 from inference.router.client_input import parse_json
+from inference.router.groups import DRAINING, Group
+from inference.router.groups_admin import GroupsAdmin
 from inference.router.keys_admin import KeysAdmin
 from inference.router.prompts import RequestError
 
@@ -38,11 +41,12 @@ class AdminAPI:
         app.router.add_post(PATH, self.add_backend)
         app.router.add_delete(PATH, self.remove_backend)
         KeysAdmin(self.router.gate, self._denied).add_routes(app)
+        GroupsAdmin(self.router, self._denied).add_routes(app)
 
     def _denied(self, request: web.Request) -> web.Response | None:
         if self.token is None:
-            return _error(404, "the admin API is disabled (set PDSERVE_ROUTER_ADMIN_TOKEN to enable it)",
-                          code="admin_disabled")
+            return error(404, "the admin API is disabled (set PDSERVE_ROUTER_ADMIN_TOKEN to enable it)",
+                         code="admin_disabled")
         supplied = request.headers.get("Authorization", "")
         if hmac.compare_digest(supplied.encode("utf-8", "surrogateescape"),
                                f"Bearer {self.token}".encode()):
@@ -53,18 +57,17 @@ class AdminAPI:
             status=401, headers={"WWW-Authenticate": "Bearer"})
 
     async def list_backends(self, request: web.Request) -> web.Response:
+        """Every group's members by role (each naming its revision); ``mode`` and each role's
+        policy are the primary group's, or the first group's that has the role."""
         if (denied := self._denied(request)) is not None:
             return denied
-        return web.json_response({
-            "mode": self.router.config.mode,
-            "roles": {
-                role: {
-                    "policy": pool.policy.name,
-                    "backends": [describe(b) for b in [*pool.backends, *pool.draining]],
-                }
-                for role, pool in self.router.pools.items()
-            },
-        })
+        roles: dict[str, dict[str, Any]] = {}
+        for group in self.router.groups.values():
+            for role, pool in group.pools.items():
+                listed = roles.setdefault(role, {"policy": pool.policy.name, "backends": []})
+                listed["backends"] += [{**describe(b), "revision": group.revision}
+                                       for b in [*pool.backends, *pool.draining]]
+        return web.json_response({"mode": self.router.primary.mode, "roles": roles})
 
     async def add_backend(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:
@@ -73,67 +76,56 @@ class AdminAPI:
             body = parse_json(await request.read())
             if not isinstance(body, dict):
                 raise RequestError(400, 'the body must be a JSON object {"role": ..., "url": ...}')
-            role = self._role(body.get("role"))
+            group = self._group(body.get("revision"))
+            if group.state == DRAINING:
+                raise RequestError(409, f"revision {group.revision} is draining", param="revision",
+                                   code="group_draining")
+            role = self._role(group, body.get("role"))
             url = backend_url(body.get("url"))
         except RequestError as exc:
-            return _error(exc.status, exc.message, exc.param)
+            return error(exc.status, exc.message, exc.param, exc.code)
         try:
-            backend = await self.router.add_backend(role, url)
+            backend = await self.router.add_backend(role, url, group)
         except ValueError as exc:
-            return _error(409, str(exc), "url", code="backend_exists")
+            return error(409, str(exc), "url", code="backend_exists")
         return web.json_response(describe(backend), status=201)
 
     async def remove_backend(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:
             return denied
         try:
-            role = self._role(request.query.get("role"))
+            group = self._group(request.query.get("revision"))
+            role = self._role(group, request.query.get("role"))
             url = request.query.get("url")
             if not url:
                 raise RequestError(400, "query parameter 'url' is required", param="url")
         except RequestError as exc:
-            return _error(exc.status, exc.message, exc.param)
+            return error(exc.status, exc.message, exc.param, exc.code)
         try:
-            backend = self.router.remove_backend(role, url.rstrip("/"))
+            backend = self.router.remove_backend(role, url.rstrip("/"), group)
         except KeyError:
-            return _error(404, f"{url} is not a {role} backend", "url", code="backend_not_found")
+            return error(404, f"{url} is not a {role} backend", "url", code="backend_not_found")
         return web.json_response(describe(backend), status=202)
 
-    def _role(self, role: Any) -> str:
-        roles = ", ".join(self.router.pools)
+    def _group(self, revision: Any) -> Group:
+        groups = self.router.groups
+        if revision is None:
+            if len(groups) > 1:
+                raise RequestError(400, f"'revision' is required while the router has "
+                                        f"{len(groups)} groups: one of {', '.join(groups)}",
+                                   param="revision")
+            return next(iter(groups.values()))
+        if not isinstance(revision, str) or revision not in groups:
+            raise RequestError(404, f"no revision group {revision!r} (there are: "
+                                    f"{', '.join(groups)})", param="revision",
+                               code="group_not_found")
+        return groups[revision]
+
+    def _role(self, group: Group, role: Any) -> str:
+        roles = ", ".join(group.pools)
         if not isinstance(role, str) or not role:
             raise RequestError(400, f"'role' is required: one of {roles}", param="role")
-        if role not in self.router.pools:
-            raise RequestError(400, f"'role' must be one of {roles} in {self.router.config.mode} mode, "
+        if role not in group.pools:
+            raise RequestError(400, f"'role' must be one of {roles} in {group.mode} mode, "
                                     f"not {role!r}", param="role")
         return role
-
-
-def backend_url(value: Any) -> str:
-    """A worker's base URL as the router stores it: http(s)://host[:port], no trailing slash."""
-    if not isinstance(value, str) or not value:
-        raise RequestError(400, "'url' is required: a worker's base URL such as http://127.0.0.1:8100",
-                           param="url")
-    try:
-        url = URL(value)
-        port = url.port
-    except ValueError as exc:
-        raise RequestError(400, f"'url' is not a valid URL: {exc}", param="url") from exc
-    if url.scheme not in ("http", "https") or not url.host or not port:
-        raise RequestError(400, f"'url' must be http(s)://host[:port], got {value!r}", param="url")
-    if url.path not in ("", "/") or url.query_string or url.fragment or url.user or url.password:
-        raise RequestError(400, f"'url' must be a base URL without path, query or credentials, "
-                                f"got {value!r}", param="url")
-    return value.rstrip("/")
-
-
-def describe(backend: Backend) -> dict[str, Any]:
-    state = "draining" if backend.draining else "ready" if backend.healthy else "not_ready"
-    return {"role": backend.role, "url": backend.url, "state": state,
-            "in_flight": backend.in_flight, "error": backend.last_error}
-
-
-def _error(status: int, message: str, param: str | None = None,
-           code: str | None = None) -> web.Response:
-    return web.json_response(RequestError(status, message, param=param, code=code).body(),
-                             status=status)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -39,7 +39,11 @@ class Backend:
     # Circuit breaker: failed calls in a row, and until when the breaker keeps it out.
     failures: int = 0
     open_until: float = 0.0
-    _idle: asyncio.Event | None = field(default=None, repr=False)
+    # KV this backend prefilled and announced to a decode call that has not yet started
+    # answering: closing it now would leave decode nothing to pull (see KvLease).
+    kv_pending: int = 0
+    # Set while a drain waits, so that it wakes when in_flight or kv_pending falls.
+    _changed: asyncio.Event | None = field(default=None, repr=False)
 
     def mark(self, healthy: bool, error: str = "") -> None:
         if healthy != self.healthy:
@@ -103,16 +107,51 @@ class Backend:
 
     def release(self) -> None:
         self.in_flight -= 1
-        if self.in_flight == 0 and self._idle is not None:
-            self._idle.set()
+        self._notify()
 
-    async def drain(self) -> None:
-        """Wait for the in-flight requests to finish, then close the session."""
+    def lease_kv(self) -> KvLease:
+        """Count KV this (prefill) backend holds for a decode call until the lease is released."""
+        self.kv_pending += 1
+        return KvLease(self)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    async def drain(self, kv_lease_s: float) -> None:
+        """Wait for the in-flight requests to finish and for decode to start on the KV this
+        backend announced (at most ``kv_lease_s`` from now: by then the worker has freed
+        unpulled blocks itself), then close the session."""
         self.draining = True
-        if self.in_flight:
-            self._idle = asyncio.Event()
-            await self._idle.wait()
+        kv_deadline = time.monotonic() + kv_lease_s
+        while True:
+            kv_left_s = kv_deadline - time.monotonic()
+            if not self.in_flight and (not self.kv_pending or kv_left_s <= 0):
+                break
+            self._changed = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._changed.wait(),
+                                       kv_left_s if self.kv_pending and kv_left_s > 0 else None)
+            except TimeoutError:
+                log.warning("%s %s: KV lease of %g s over with %d hand-offs never pulled",
+                            self.role, self.url, kv_lease_s, self.kv_pending)
+        self._changed = None
         await self.close()
+
+
+class KvLease:
+    """A prefill backend's KV that one decode call is to pull. Released (once, whatever path the
+    request takes) when decode has started answering or the call has ended."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.backend.kv_pending -= 1
+            self.backend._notify()
 
 
 class NoBackendAvailable(Exception):
@@ -163,13 +202,13 @@ class Pool:
         self.draining.append(backend)
 
 
-async def open_sessions(pools: list[Pool], connect_timeout_s: float) -> None:
+async def open_sessions(pools: Iterable[Pool], connect_timeout_s: float) -> None:
     for pool in pools:
         for backend in pool.backends:
             backend.open(connect_timeout_s)
 
 
-async def close_sessions(pools: list[Pool]) -> None:
+async def close_sessions(pools: Iterable[Pool]) -> None:
     for pool in pools:
         for backend in [*pool.backends, *pool.draining]:
             await backend.close()
@@ -223,13 +262,14 @@ async def probe(backend: Backend, timeout_s: float) -> None:
         backend.mark(False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
-async def probe_forever(pools: list[Pool], interval_s: float) -> None:
+async def probe_forever(pools: Callable[[], Iterable[Pool]], interval_s: float) -> None:
     timeout_s = max(interval_s * PROBE_TIMEOUT_SHARE, 0.5)
     while True:
         started = time.monotonic()
-        # The member lists are read afresh each round: the admin API changes them at run time.
+        # The pools and their members are read afresh each round: the admin API changes both
+        # at run time (groups and backends).
         await asyncio.gather(
-            *(probe(b, timeout_s=timeout_s) for pool in pools for b in pool.backends)
+            *(probe(b, timeout_s=timeout_s) for pool in pools() for b in pool.backends)
         )
         # Rounds start every interval, however long one took: a round that waited out a hung
         # worker's deadline must not delay the next look at it.

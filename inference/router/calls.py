@@ -30,10 +30,14 @@ from inference.router.upstream import (
 
 
 class WorkerCalls:
-    def __init__(self, config: RouterConfig, pools: dict[str, Pool], metrics: RouterMetrics):
+    """The calls of one revision group (see groups.py): its pools, and its label on metrics."""
+
+    def __init__(self, config: RouterConfig, pools: dict[str, Pool], metrics: RouterMetrics,
+                 revision: str):
         self.config = config
         self.pools = pools
         self.metrics = metrics
+        self.revision = revision
 
     def pick(self, role: str, parsed: ParsedRequest, exclude: Backend | None = None) -> Backend:
         pool = self.pools[role]
@@ -94,7 +98,8 @@ class WorkerCalls:
             if upstream.status >= 500:
                 # A server error before any token (a crashed engine, an internal error):
                 # worth trying on another worker; the worker itself may well be healthy.
-                self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}").inc()
+                self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}",
+                                                   self.revision).inc()
                 self.call_failed(backend)
                 raise BackendFailure(backend.role, backend,
                                      f"answered {upstream.status}: {upstream_message(payload)}",
@@ -113,7 +118,7 @@ class WorkerCalls:
             return data
 
     def backend_failed(self, backend: Backend, exc: BaseException) -> None:
-        self.metrics.backend_errors.labels(backend.role, type(exc).__name__).inc()
+        self.metrics.backend_errors.labels(backend.role, type(exc).__name__, self.revision).inc()
         if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
                             aiohttp.ClientPayloadError)):
             # Passive health: stop sending to it now; the probe puts it back when it answers.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -63,6 +64,17 @@ def setting(help: str, *, flag: str | None = None, env: str | None = None,
     return {SETTING: Setting(help, flag, env, choices, minimum, maximum, positive, urls, check)}
 
 
+# A revision group's label: it names the group in URLs, headers and metric labels.
+REVISION_LABEL = re.compile(r"[A-Za-z0-9._-]{1,32}")
+
+
+def revision_label(value: str) -> str:
+    if not REVISION_LABEL.fullmatch(value):
+        raise ValueError(f"--revision: {value!r} is not a label of 1 to 32 letters, digits, '.', '_' "
+                         "or '-'")
+    return value
+
+
 def _readable_template(path: str) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
@@ -84,6 +96,9 @@ class RouterConfig:
     # colocated mode: plain load balancing over full workers, no PD hand-off
     colocated_urls: tuple[str, ...] = field(default=(), metadata=setting(
         "full worker base URL for colocated mode (repeatable)", flag="--colocated", urls=True))
+    revision: str = field(default="1", metadata=setting(
+        "label of the revision group the --prefill/--decode/--colocated workers form at start "
+        "(weight 100); more groups arrive through POST /admin/groups", check=revision_label))
     kv_channel: str = field(default="shared-storage", metadata=setting(
         "how prefill workers hand KV to decode workers; the workers' KV connector",
         choices=CHANNEL_NAMES))
@@ -146,6 +161,11 @@ class RouterConfig:
     kv_warmup_tokens: int = field(default=0, metadata=setting(
         "NIXL: hand off a prompt of this many tokens once per prefill/decode pair before serving, so "
         "that no client request pays the first handshake; /health waits for one warm pair (0: off)"))
+    # vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT: after it the prefill worker frees blocks that
+    # no decode pulled, so a drain need not wait longer for them.
+    kv_lease_s: float = field(default=480.0, metadata=setting(
+        "seconds a drained prefill worker is kept open for decode to pull the KV it announced",
+        flag="--kv-lease-s", positive=True))
     admin_token: str | None = field(default=None, repr=False, metadata=setting(
         "bearer token of the admin API (/admin/*); unset, the admin API is off",
         env="PDSERVE_ROUTER_ADMIN_TOKEN"))
@@ -158,7 +178,14 @@ class RouterConfig:
 
     @property
     def mode(self) -> str:
+        """The mode of the group the start-up workers form."""
         return "colocated" if self.colocated_urls else "pd"
+
+    def start_urls(self) -> dict[str, tuple[str, ...]]:
+        """The start-up group's workers by role."""
+        if self.mode == "colocated":
+            return {"colocated": self.colocated_urls}
+        return {"prefill": self.prefill_urls, "decode": self.decode_urls}
 
     def validate(self) -> None:
         for f, spec in settings():

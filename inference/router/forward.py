@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import aiohttp
 from aiohttp import web
 
 from inference.router.adaptive import AdaptivePlacer
-from inference.router.backends import Backend
+from inference.router.backends import Backend, KvLease
 from inference.router.calls import WorkerCalls
 from inference.router.handoff import PATHS
 from inference.router.metrics import RouterMetrics
@@ -30,6 +31,9 @@ from inference.router.upstream import (
 
 log = logging.getLogger("pdserve.router")
 
+# Names the revision group that served the request (see groups.py), on every answer.
+REVISION_HEADER = "X-Pdserve-Revision"
+
 
 class Forwarder:
     def __init__(self, calls: WorkerCalls, metrics: RouterMetrics, placer: AdaptivePlacer | None):
@@ -39,12 +43,13 @@ class Forwarder:
 
     async def forward(self, request: web.Request, role: str, parsed: ParsedRequest,
                       body: bytes, timeline: Timeline,
-                      handoff_from: str | None = None) -> web.StreamResponse:
+                      handoff: KvLease | None = None) -> web.StreamResponse:
         """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
-        ``handoff_from``: the prefill worker whose KV cache decode must load."""
+        ``handoff``: the prefill worker's KV that decode must load; released once decode has
+        started answering (the caller releases it on every other way out)."""
         backend = self.calls.pick(role, parsed)
         try:
-            return await self._call(request, role, parsed, backend, body, timeline, handoff_from)
+            return await self._call(request, role, parsed, backend, body, timeline, handoff)
         except BackendFailure as failure:
             if not failure.unsent:
                 raise
@@ -56,11 +61,11 @@ class Forwarder:
         log.warning("request %s: %s; retrying on %s", timeline.request_id, first, again.url)
         timeline.retried_from = backend.url
         timeline.mark(f"{role}_retried")
-        return await self._call(request, role, parsed, again, body, timeline, handoff_from)
+        return await self._call(request, role, parsed, again, body, timeline, handoff)
 
     async def _call(self, request: web.Request, role: str, parsed: ParsedRequest,
                     backend: Backend, body: bytes, timeline: Timeline,
-                    handoff_from: str | None) -> web.StreamResponse:
+                    handoff: KvLease | None) -> web.StreamResponse:
         request_id = timeline.request_id
         if role == "decode":
             timeline.decode = backend.url
@@ -75,37 +80,46 @@ class Forwarder:
         ) as upstream:
             if upstream.status != 200 or not parsed.stream:
                 payload = await upstream.read()
-                if upstream.status >= 500 and handoff_from is not None:
-                    return self._handoff_failed(backend, handoff_from, upstream.status, payload,
-                                                timeline)
+                if handoff is not None:
+                    handoff.release()
+                if upstream.status >= 500 and handoff is not None:
+                    return self._handoff_failed(backend, handoff.backend.url, upstream.status,
+                                                payload, timeline)
                 if upstream.status >= 500:
                     self.calls.call_failed(backend)
                 elif upstream.status == 200:
                     backend.call_succeeded()
-                self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
+                self.metrics.first_byte_seconds.labels(parsed.endpoint, self.calls.revision).observe(
                     timeline.since_arrival())
                 timeline.mark("first_token")
                 timeline.mark("last_token")
                 if upstream.status == 200:
                     timeline.prompt_tokens, timeline.completion_tokens = usage_counts(payload)
                 return relay(upstream.status, payload, upstream, request_id)
-            return await self._stream(request, role, parsed, backend, upstream, timeline)
+            return await self._stream(request, role, parsed, backend, upstream, timeline, handoff)
 
     async def _stream(self, request: web.Request, role: str, parsed: ParsedRequest,
                       backend: Backend, upstream: aiohttp.ClientResponse,
-                      timeline: Timeline) -> web.StreamResponse:
+                      timeline: Timeline, handoff: KvLease | None) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Request-Id": timeline.request_id,
+            REVISION_HEADER: self.calls.revision,
         })
         await response.prepare(request)
+        timeline.streamed = True
         first = True
+        itl = self.metrics.itl_seconds.labels(self.calls.revision)
+        sent_at = 0.0
         # The last two chunks: where the usage event a client may ask for ends the stream.
         previous = last = b""
         try:
             # hot path: runs once per streamed chunk
             async for chunk in upstream.content.iter_any():
+                if handoff is not None:
+                    # Decode has produced a token, so it has pulled the KV.
+                    handoff.release()
                 try:
                     await response.write(chunk)
                 except ConnectionResetError:
@@ -116,10 +130,19 @@ class Forwarder:
                     return response
                 timeline.stream_chunks += chunk.count(b"data: ")
                 previous, last = last, chunk
+                # Inter-token latency between JSON events ([DONE] is none); events that came
+                # in one read reach the client together, as the benchmark client sees them.
+                if tokens := chunk.count(b"data: {"):
+                    now = time.perf_counter()
+                    if sent_at:
+                        itl.observe(now - sent_at)
+                    for _ in range(tokens - 1):
+                        itl.observe(0.0)
+                    sent_at = now
                 if first:
                     first = False
-                    self.metrics.first_byte_seconds.labels(parsed.endpoint).observe(
-                        timeline.since_arrival())
+                    self.metrics.first_byte_seconds.labels(parsed.endpoint, self.calls.revision
+                                                           ).observe(timeline.since_arrival())
                     timeline.mark("first_token")
                     if (self.placer is not None and timeline.kv.get("local_prefill")
                             and timeline.retried_from is None):
@@ -155,6 +178,6 @@ class Forwarder:
         message = (f"KV hand-off failed: decode worker {backend.url} could not use the KV cache "
                    f"prefilled by {prefill_url} (decode answered {status}: "
                    f"{upstream_message(payload)})")
-        self.metrics.backend_errors.labels("decode", "kv_handoff").inc()
+        self.metrics.backend_errors.labels("decode", "kv_handoff", self.calls.revision).inc()
         timeline.error = message
         return error_response(502, message, timeline.request_id, code="kv_handoff_failed")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inference.router.adaptive import AdaptivePlacer
-from inference.router.backends import Backend, NoBackendAvailable, Pool
+from inference.router.backends import Backend, KvLease, NoBackendAvailable, Pool
 from inference.router.calls import WorkerCalls
 from inference.router.config import RouterConfig
 from inference.router.metrics import RouterMetrics
@@ -50,9 +50,10 @@ class PrefillStage:
         self.uses_params = uses_params
 
     async def run(self, parsed: ParsedRequest,
-                  timeline: Timeline) -> tuple[dict[str, Any], str | None]:
-        """Run the prompt on a prefill worker. Returns the body to send to decode and the
-        prefill worker whose KV decode is to load (None when decode computes the prompt)."""
+                  timeline: Timeline) -> tuple[dict[str, Any], KvLease | None]:
+        """Run the prompt on a prefill worker. Returns the body to send to decode and the lease
+        on the prefill worker's KV that decode is to load (None when decode computes the
+        prompt); the caller releases it."""
         body = dict(parsed.body)
         for key in PREFILL_DROPPED:
             body.pop(key, None)
@@ -69,17 +70,18 @@ class PrefillStage:
         timeline.prefill = backend.url
         timeline.mark("prefill_dispatched")
         started = time.perf_counter()
+        answered = backend
         try:
             data = await self.calls.call_json(backend, PATHS[parsed.endpoint], body, timeline)
         except BackendFailure as failure:
             if not failure.retriable:
                 raise
-            data = await self._retry(parsed, body, failure, timeline)
+            data, answered = await self._retry(parsed, body, failure, timeline)
         finally:
             if self.placer is not None:
                 self.placer.queue.release(backend, self._free_chooser(parsed))
         elapsed = time.perf_counter() - started
-        self.metrics.prefill_seconds.observe(elapsed)
+        self.metrics.prefill_seconds.labels(self.calls.revision).observe(elapsed)
         timeline.mark("prefill_done")
 
         prefill_ids = prompt_token_ids(parsed.endpoint, data)
@@ -89,19 +91,21 @@ class PrefillStage:
                 elapsed)
         if prefill_ids is not None:
             timeline.prompt_tokens = len(prefill_ids)
-        return self._decode_body(parsed, data, prefill_ids, timeline)
+        decode_body, hands_off = self._decode_body(parsed, data, prefill_ids, timeline)
+        # The worker that computed the prompt holds its KV until decode has pulled it.
+        return decode_body, answered.lease_kv() if hands_off else None
 
     def _decode_body(self, parsed: ParsedRequest, data: dict[str, Any],
                      prefill_ids: list[int] | None,
-                     timeline: Timeline) -> tuple[dict[str, Any], str | None]:
+                     timeline: Timeline) -> tuple[dict[str, Any], bool]:
         decode_body = dict(parsed.body)
         kv_params = data.get("kv_transfer_params")
         if isinstance(kv_params, dict):
             timeline.kv = {key: kv_params.get(key) for key in
                            ("remote_engine_id", "remote_num_tokens", "remote_prefill_cached_tokens")}
         if prefill_ids is None:
-            self.metrics.pd_fallback.labels("no_prompt_token_ids").inc()
-            return decode_body, None
+            self.metrics.pd_fallback.labels("no_prompt_token_ids", self.calls.revision).inc()
+            return decode_body, False
         if parsed.endpoint == "completions":
             # Token ids in, so decode's prompt is exactly what prefill computed.
             decode_body["prompt"] = prefill_ids
@@ -109,17 +113,17 @@ class PrefillStage:
             # Decode renders chat itself; if that would differ from what prefill computed, a
             # KV hand-off would crash decode (longer) or return wrong text (shorter). Decode
             # computes the prompt itself instead, which is slower but correct.
-            self.metrics.pd_fallback.labels("token_mismatch").inc()
+            self.metrics.pd_fallback.labels("token_mismatch", self.calls.revision).inc()
             log.warning("request %s: prefill tokens differ from the router's; decode recomputes",
                         timeline.request_id)
             timeline.kv["fallback"] = "token_mismatch"
-            return decode_body, None
+            return decode_body, False
         if self.uses_params:
             if not kv_params:
-                self.metrics.pd_fallback.labels("no_kv_params").inc()
-                return decode_body, None
+                self.metrics.pd_fallback.labels("no_kv_params", self.calls.revision).inc()
+                return decode_body, False
             decode_body["kv_transfer_params"] = kv_params
-        return decode_body, timeline.prefill
+        return decode_body, True
 
     def _free_chooser(self, parsed: ParsedRequest
                       ) -> Callable[[Callable[[Backend], bool]], Backend | None]:
@@ -159,9 +163,11 @@ class PrefillStage:
         return backend
 
     async def _retry(self, parsed: ParsedRequest, body: dict[str, Any],
-                     failure: BackendFailure, timeline: Timeline) -> dict[str, Any]:
-        """Once, where WorkerCalls.pick_again says. Safe: the client has received nothing yet,
-        and a one-token prefill has no effect a second run could repeat."""
+                     failure: BackendFailure,
+                     timeline: Timeline) -> tuple[dict[str, Any], Backend]:
+        """Once, where WorkerCalls.pick_again says; the answer and the worker that gave it.
+        Safe: the client has received nothing yet, and a one-token prefill has no effect a
+        second run could repeat."""
         first = failure.backend
         backend = self.calls.pick_again("prefill", parsed, failure)
         if backend is None:
@@ -175,7 +181,7 @@ class PrefillStage:
         timeline.prefill = backend.url
         timeline.mark("prefill_retried")
         try:
-            return await self.calls.call_json(backend, PATHS[parsed.endpoint], body, timeline)
+            return await self.calls.call_json(backend, PATHS[parsed.endpoint], body, timeline), backend
         except BackendFailure as second:
             raise BackendFailure(
                 "prefill", backend,

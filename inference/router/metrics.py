@@ -8,14 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from inference.router.ratelimit import generated_estimate
 from inference.router.timeline import Timeline
 
 if TYPE_CHECKING:
-    from inference.router.adaptive import AdaptivePlacer
-    from inference.router.backends import Pool
+    from inference.router.groups import Group
 
 ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Per-token latencies, compared between two revisions from the difference of two scrapes: at
+# most 1.5x between bounds over 0.01-10 s, so an interpolated p95 is off by less than that step.
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
+                 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 4, 5, 7.5, 10, 15, 30, 60)
 
 
 @dataclass(frozen=True)
@@ -40,14 +44,14 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("requests", Counter, "pdserve_router_requests",
                "Requests answered, by endpoint, HTTP status and the workers that served them "
                "(prefill+decode, decode, prefill, colocated, or none when refused first)",
-               ("endpoint", "status", "role")),
+               ("endpoint", "status", "role", "revision")),
     MetricSpec("added_seconds", Histogram, "pdserve_router_added_seconds",
                "The router's own time before a request's first token: before its first call to a "
                "worker, and between prefill's answer and the call to decode (queue waits excluded)",
                buckets=ADDED_BUCKETS),
     MetricSpec("kv_handoff_seconds", Histogram, "pdserve_router_kv_handoff_seconds",
                "From prefill's answer to decode's first token: the KV load plus decode's first step",
-               buckets=LATENCY_BUCKETS),
+               ("revision",), buckets=LATENCY_BUCKETS),
     MetricSpec("auth_failures", Counter, "pdserve_router_auth_failures",
                "Requests refused with 401, by reason (missing, invalid, revoked, out_of_scope)",
                ("reason",)),
@@ -60,28 +64,29 @@ METRICS: tuple[MetricSpec, ...] = (
                "Requests admitted per API key, labelled by the key's public prefix", ("key",)),
     MetricSpec("prefill_seconds", Histogram, "pdserve_router_prefill_seconds",
                "Time from dispatch to the prefill worker until its answer (the KV hand-off point)",
-               buckets=LATENCY_BUCKETS),
+               ("revision",), buckets=LATENCY_BUCKETS),
     MetricSpec("first_byte_seconds", Histogram, "pdserve_router_first_byte_seconds",
                "Time from request arrival to the first response byte sent to the client",
-               ("endpoint",), buckets=LATENCY_BUCKETS),
+               ("endpoint", "revision"), buckets=LATENCY_BUCKETS),
     MetricSpec("in_flight", Gauge, "pdserve_router_in_flight", "Requests in flight per backend",
-               ("role", "backend")),
+               ("role", "backend", "revision")),
     MetricSpec("backend_up", Gauge, "pdserve_router_backend_up",
-               "1 when the backend passes its health probe", ("role", "backend")),
+               "1 when the backend passes its health probe", ("role", "backend", "revision")),
     MetricSpec("pd_fallback", Counter, "pdserve_router_pd_fallback",
-               "Requests decoded without prefilled KV, by reason", ("reason",)),
+               "Requests decoded without prefilled KV, by reason", ("reason", "revision")),
     MetricSpec("degraded", Counter, "pdserve_router_degraded",
                "Requests served in degraded mode because no worker of one role was ready: its "
                "prompt prefilled on decode (missing_role=prefill), or the whole request run on "
-               "prefill (missing_role=decode)", ("missing_role",)),
+               "prefill (missing_role=decode)", ("missing_role", "revision")),
     MetricSpec("backend_errors", Counter, "pdserve_router_backend_errors",
-               "Failed calls to a backend, by role and kind", ("role", "kind")),
+               "Failed calls to a backend, by role and kind (kind=kv_handoff: decode could not "
+               "load the KV prefill announced)", ("role", "kind", "revision")),
     MetricSpec("client_disconnects", Counter, "pdserve_router_client_disconnects",
                "Streams the client closed before the end; the worker request is aborted",
                ("endpoint",)),
     MetricSpec("kv_handoffs", Counter, "pdserve_router_kv_handoffs",
                "Requests prefilled on one worker and decoded on another, by pair and outcome",
-               ("prefill", "decode", "outcome")),
+               ("prefill", "decode", "outcome", "revision")),
     MetricSpec("local_prefill", Counter, "pdserve_router_local_prefill",
                "Short prompts sent straight to decode, which prefilled them itself"),
     MetricSpec("policy_decisions", Counter, "pdserve_router_policy_decisions",
@@ -98,18 +103,30 @@ METRICS: tuple[MetricSpec, ...] = (
                "on prefill, or the whole request on an idle prefill worker), and why",
                ("placement", "reason")),
     MetricSpec("prefill_queue_depth", Gauge, "pdserve_router_prefill_queue_depth",
-               "pd_adaptive: prompts waiting in the router for a free prefill slot"),
+               "pd_adaptive: prompts waiting in the router for a free prefill slot", ("revision",)),
     MetricSpec("prefill_queue_wait_seconds", Histogram, "pdserve_router_prefill_queue_wait_seconds",
                "pd_adaptive: time a prompt waited for a prefill slot", buckets=LATENCY_BUCKETS),
     MetricSpec("adaptive_local_max_tokens", Gauge, "pdserve_router_adaptive_local_max_tokens",
                "pd_adaptive: the longest prompt a decode worker prefills itself now (from the "
-               "measured prefill speed and the stall budget)"),
+               "measured prefill speed and the stall budget)", ("revision",)),
     MetricSpec("prefill_speed", Gauge, "pdserve_router_prefill_tokens_per_second",
                "pd_adaptive: measured prefill speed, on prefill workers (remote) and on decode "
                "workers (local); 0 until measured",
-               ("where",)),
+               ("where", "revision")),
     MetricSpec("prefill_busy_fraction", Gauge, "pdserve_router_prefill_busy_fraction",
-               "pd_adaptive: share of the last 30 s during which a remote prefill ran"),
+               "pd_adaptive: share of the last 30 s during which a remote prefill ran",
+               ("revision",)),
+    # As vLLM's benchmark client measures them, over streamed answers: a non-streamed answer's
+    # first byte is its last (see first_byte_seconds).
+    MetricSpec("ttft_seconds", Histogram, "pdserve_router_ttft_seconds",
+               "Streamed answers: time from request arrival to the first event sent to the client",
+               ("revision",), buckets=TOKEN_BUCKETS),
+    MetricSpec("itl_seconds", Histogram, "pdserve_router_itl_seconds",
+               "Streamed answers: time between two events sent to the client (events that arrive "
+               "together count 0 after the first)", ("revision",), buckets=TOKEN_BUCKETS),
+    MetricSpec("tpot_seconds", Histogram, "pdserve_router_tpot_seconds",
+               "Streamed answers of more than one token: (end-to-end time - TTFT) / (completion "
+               "tokens - 1), per request", ("revision",), buckets=TOKEN_BUCKETS),
 )
 
 
@@ -144,6 +161,9 @@ class RouterMetrics:
     adaptive_local_max_tokens: Gauge
     prefill_speed: Gauge
     prefill_busy_fraction: Gauge
+    ttft_seconds: Histogram
+    itl_seconds: Histogram
+    tpot_seconds: Histogram
 
     @classmethod
     def create(cls) -> RouterMetrics:
@@ -151,9 +171,10 @@ class RouterMetrics:
         built: dict[str, Any] = {spec.attribute: spec.build(registry) for spec in METRICS}
         return cls(registry=registry, **built)
 
-    def record_request(self, timeline: Timeline, mode: str) -> None:
+    def record_request(self, timeline: Timeline) -> None:
         """Count one answered request from its timeline (once, when it ends)."""
         events = timeline.events
+        revision = timeline.revision or ""
         if timeline.prefill and timeline.decode:
             role = "prefill+decode"
         elif timeline.decode:
@@ -161,13 +182,14 @@ class RouterMetrics:
         elif timeline.prefill:
             role = "prefill"
         else:
-            role = mode if "decode_dispatched" in events else "none"
-        self.requests.labels(timeline.endpoint, str(timeline.status), role).inc()
+            # A colocated worker is the only one a dispatch names in neither field.
+            role = "colocated" if "decode_dispatched" in events else "none"
+        self.requests.labels(timeline.endpoint, str(timeline.status), role, revision).inc()
         if timeline.prefill and timeline.decode:
             outcome = "ok" if timeline.status == 200 and not timeline.error else "failed"
-            self.kv_handoffs.labels(timeline.prefill, timeline.decode, outcome).inc()
+            self.kv_handoffs.labels(timeline.prefill, timeline.decode, outcome, revision).inc()
             if outcome == "ok" and "prefill_done" in events and "first_token" in events:
-                self.kv_handoff_seconds.observe(
+                self.kv_handoff_seconds.labels(revision).observe(
                     (events["first_token"] - events["prefill_done"]) / 1000)
         if timeline.status == 200:
             # The router's own time before the first token: before its first call to a worker
@@ -180,27 +202,52 @@ class RouterMetrics:
                 if "prefill_done" in events and "decode_dispatched" in events:
                     added += events["decode_dispatched"] - events["prefill_done"]
                 self.added_seconds.observe(added / 1000)
+            if timeline.streamed and "first_token" in events and not timeline.error:
+                self._token_latencies(timeline, revision)
 
-    def refresh(self, pools: Iterable[Pool], placer: AdaptivePlacer | None) -> None:
+    def _token_latencies(self, timeline: Timeline, revision: str) -> None:
+        """TTFT and TPOT of a streamed answer, as vLLM's benchmark client computes them."""
+        ttft_ms = timeline.events["first_token"]
+        self.ttft_seconds.labels(revision).observe(ttft_ms / 1000)
+        tokens = generated_estimate(timeline.completion_tokens, timeline.stream_chunks,
+                                    timeline.endpoint)
+        if tokens > 1 and "last_token" in timeline.events:
+            self.tpot_seconds.labels(revision).observe(
+                (timeline.events["last_token"] - ttft_ms) / 1000 / (tokens - 1))
+
+    def refresh(self, groups: Iterable[Group]) -> None:
         """Set the gauges that describe the router's state now, just before a scrape."""
-        for pool in pools:
-            for backend in pool.backends:
-                self.backend_up.labels(pool.role, backend.url).set(1 if backend.healthy else 0)
-                self.in_flight.labels(pool.role, backend.url).set(backend.in_flight)
-            for backend in pool.draining:
-                self.backend_up.labels(pool.role, backend.url).set(0)
-                self.in_flight.labels(pool.role, backend.url).set(backend.in_flight)
-        if placer is not None:
-            self.prefill_queue_depth.set(placer.queue.depth)
-            self.adaptive_local_max_tokens.set(placer.local_max_tokens())
-            self.prefill_speed.labels("remote").set(placer.remote_speed.tokens_per_s or 0)
-            self.prefill_speed.labels("local").set(placer.local_speed.tokens_per_s or 0)
-            self.prefill_busy_fraction.set(placer.queue.busy.fraction())
+        for group in groups:
+            revision = group.revision
+            for pool in group.pools.values():
+                for backend in pool.backends:
+                    self.backend_up.labels(pool.role, backend.url, revision).set(
+                        1 if backend.healthy else 0)
+                    self.in_flight.labels(pool.role, backend.url, revision).set(backend.in_flight)
+                for backend in pool.draining:
+                    self.backend_up.labels(pool.role, backend.url, revision).set(0)
+                    self.in_flight.labels(pool.role, backend.url, revision).set(backend.in_flight)
+            placer = group.placer
+            if placer is not None:
+                self.prefill_queue_depth.labels(revision).set(placer.queue.depth)
+                self.adaptive_local_max_tokens.labels(revision).set(placer.local_max_tokens())
+                self.prefill_speed.labels("remote", revision).set(
+                    placer.remote_speed.tokens_per_s or 0)
+                self.prefill_speed.labels("local", revision).set(placer.local_speed.tokens_per_s or 0)
+                self.prefill_busy_fraction.labels(revision).set(placer.queue.busy.fraction())
 
     def decision(self, role: str, policy: str, outcome: str) -> None:
         self.policy_decisions.labels(role, policy, outcome).inc()
 
-    def forget_backend(self, role: str, url: str) -> None:
+    def forget_backend(self, role: str, url: str, revision: str) -> None:
         """Drop a removed backend's gauges, so a scrape does not show it forever."""
-        self.backend_up.remove(role, url)
-        self.in_flight.remove(role, url)
+        self.backend_up.remove(role, url, revision)
+        self.in_flight.remove(role, url, revision)
+
+    def forget_group(self, revision: str) -> None:
+        """Drop the gauges of a removed group (its backends' and its placer's); its counters
+        and histograms stay, so that rates over a window that saw it remain right."""
+        for gauge in (self.backend_up, self.in_flight, self.prefill_queue_depth,
+                      self.adaptive_local_max_tokens, self.prefill_speed,
+                      self.prefill_busy_fraction):
+            gauge.remove_by_labels({"revision": revision})

@@ -20,26 +20,29 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from inference.kv_channels import uses_transfer_params
-from inference.router.adaptive import AdaptivePlacer, PrefillQueue
+from inference.router.adaptive import AdaptivePlacer
 from inference.router.admin import AdminAPI
 from inference.router.backends import (
     Backend,
     NoBackendAvailable,
     Pool,
     close_sessions,
-    open_sessions,
     probe,
     probe_forever,
 )
-from inference.router.calls import WorkerCalls
 from inference.router.client_input import openai_errors, parse_json
 from inference.router.config import RouterConfig, build_parser, config_from_args
-from inference.router.forward import Forwarder
-from inference.router.handoff import PrefillStage
+from inference.router.forward import REVISION_HEADER
+from inference.router.groups import (
+    ACTIVE,
+    DRAINING,
+    Group,
+    LastGroup,
+    WarmupPrompt,
+    build_group,
+)
 from inference.router.keys import ApiKey, AuthFailure, Gatekeeper, load_key_file
 from inference.router.metrics import RouterMetrics
-from inference.router.policies import make_policy
 from inference.router.prompts import (
     CharsPerToken,
     ParsedRequest,
@@ -48,6 +51,7 @@ from inference.router.prompts import (
     RequestError,
 )
 from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
+from inference.router.selection import SESSION_HEADER, Selector, session_key
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
     BackendFailure,
@@ -79,50 +83,60 @@ class Router:
         # outliving both belongs to a replica that died.
         self.limiter = RateLimiter(config.redis_url, lease_ttl_s=2 * config.request_timeout_s + 30,
                                    on_store_error=self.metrics.rate_limit_store_errors.inc)
-        if config.mode == "colocated":
-            members = {"colocated": (config.colocated_urls, config.colocated_policy)}
-        else:
-            members = {"prefill": (config.prefill_urls, config.prefill_policy),
-                       "decode": (config.decode_urls, config.decode_policy)}
-        self.pools = {
-            role: Pool(role, urls, make_policy(policy, prefix_block_size=config.prefix_block_size,
-                                               prefix_blocks=config.prefix_blocks))
-            for role, (urls, policy) in members.items()
-        }
-        self.placer: AdaptivePlacer | None = None
-        if config.mode == "pd" and config.pd_policy == "pd_adaptive":
-            self.placer = AdaptivePlacer(floor_tokens=config.local_prefill_max_tokens,
-                                         stall_budget_s=config.stall_budget_ms / 1000,
-                                         queue=PrefillQueue(config.prefill_slots))
         self.chars_per_token = CharsPerToken()
-        self.calls = WorkerCalls(config, self.pools, self.metrics)
-        self.forwarder = Forwarder(self.calls, self.metrics, self.placer)
-        self.prefill_stage = (PrefillStage(config, self.pools["prefill"], self.calls, self.metrics,
-                                           self.placer, uses_transfer_params(config.kv_channel))
-                              if "prefill" in self.pools else None)
-        self.warmer: PairWarmer | None = None
+        self.warmup: WarmupPrompt | None = None
         if config.kv_warmup_tokens:
-            self.warmer = PairWarmer(
-                self.pools["prefill"], self.pools["decode"], config.served_model_name,
+            self.warmup = WarmupPrompt(
                 warmup_prompt(checker.encode(FILLER, False), config.kv_warmup_tokens),
                 vocab_size=len(checker.tokenizer))
+        first = build_group(config, self.metrics, config.revision, config.mode,
+                            config.start_urls(), weight=100, warmup=self.warmup)
+        self.groups: dict[str, Group] = {first.revision: first}
+        self.selector = Selector()
         self._tasks: list[asyncio.Task[None]] = []
-        self._drains: set[asyncio.Task[None]] = set()
+        self._drains: dict[Backend, asyncio.Task[None]] = {}
+        self._group_drains: set[asyncio.Task[None]] = set()
+        self._adding: set[str] = set()  # revisions whose group is being added
+
+    # ---- the groups ------------------------------------------------------------------
+    @property
+    def primary(self) -> Group:
+        """The first active group: what the top-level fields of /health and /admin/backends
+        describe, as they did when the router had one set of pools. There is always one: the
+        last active group cannot be removed."""
+        return next(g for g in self.groups.values() if g.state == ACTIVE)
+
+    # The primary group's parts, for callers that know the router as one set of pools.
+    @property
+    def pools(self) -> dict[str, Pool]:
+        return self.primary.pools
+
+    @property
+    def placer(self) -> AdaptivePlacer | None:
+        return self.primary.placer
+
+    @property
+    def warmer(self) -> PairWarmer | None:
+        return self.primary.warmer
+
+    def _all_pools(self) -> list[Pool]:
+        return [pool for group in self.groups.values() for pool in group.pools.values()]
 
     # ---- lifecycle -------------------------------------------------------------------
     async def start(self, _app: web.Application) -> None:
-        await open_sessions(list(self.pools.values()), self.config.connect_timeout_s)
+        for group in self.groups.values():
+            group.open(self.config.connect_timeout_s)
         self._tasks.append(asyncio.create_task(
-            probe_forever(list(self.pools.values()), self.config.health_interval_s)))
-        if self.warmer is not None:
-            self._tasks.append(asyncio.create_task(self.warmer.run_forever()))
+            probe_forever(self._all_pools, self.config.health_interval_s)))
 
     async def stop(self, _app: web.Application) -> None:
-        for task in [*self._drains, *self._tasks]:
+        for task in [*self._group_drains, *self._drains.values(), *self._tasks]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await close_sessions(list(self.pools.values()))
+        for group in self.groups.values():
+            await group.stop_warmup()
+        await close_sessions(self._all_pools())
         await self.limiter.close()
 
     def app(self) -> web.Application:
@@ -140,74 +154,142 @@ class Router:
         AdminAPI(self, self.config.admin_token).add_routes(app)
         return app
 
-    # ---- pools at run time (the admin API calls these) -------------------------------
-    async def add_backend(self, role: str, url: str) -> Backend:
-        """Add a member to ``role``'s pool; it takes requests once a probe finds it healthy.
-        Raises ValueError if it is a member already."""
-        backend = self.pools[role].add(url)
+    # ---- groups and pools at run time (the admin API calls these) --------------------
+    async def add_group(self, revision: str, mode: str, urls: dict[str, tuple[str, ...]],
+                        weight: int) -> Group:
+        """Add a revision group; its workers are probed at once and take requests (at its
+        weight) once ready. Raises ValueError if ``revision`` is a group already."""
+        if revision in self.groups or revision in self._adding:
+            raise ValueError(f"revision {revision} is a group already")
+        self._adding.add(revision)
+        # Shielded: an admin client that leaves must not leave a group half added, its
+        # sessions open and no one to close them.
+        return await asyncio.shield(self._add_group(revision, mode, urls, weight))
+
+    async def _add_group(self, revision: str, mode: str, urls: dict[str, tuple[str, ...]],
+                         weight: int) -> Group:
+        group = build_group(self.config, self.metrics, revision, mode, urls, weight, self.warmup)
+        group.open(self.config.connect_timeout_s)
+        # Probed before it joins, so that no request picks it before its workers are known
+        # to be ready.
+        try:
+            await asyncio.gather(*(probe(b, timeout_s=max(self.config.connect_timeout_s, 0.5))
+                                   for b in group.backends()))
+        finally:
+            # Even when cancelled (the router stops): stop() then closes its sessions.
+            self._adding.discard(revision)
+            self.groups[revision] = group
+        self.selector.reset()
+        log.info("revision %s added: %s, weight %d, %s", revision, mode, weight,
+                 ", ".join(f"{b.role} {b.url} {'ready' if b.healthy else 'not ready'}"
+                           for b in group.backends()))
+        return group
+
+    def set_weights(self, weights: dict[str, int]) -> None:
+        """Give groups new weights (the caller has checked them all), from the next request on."""
+        for revision, weight in weights.items():
+            self.groups[revision].weight = weight
+            if weight == 0:
+                # Their sessions go by weight again rather than back here when it returns.
+                self.selector.forget(revision)
+        self.selector.reset()
+        log.info("revision weights: %s", ", ".join(f"{g.revision}={g.weight}"
+                                                   for g in self.groups.values()))
+
+    def remove_group(self, revision: str) -> Group:
+        """Take a group out of selection now, then drain and remove it. Raises KeyError if
+        there is no such group, LastGroup if it is the only active one."""
+        group = self.groups[revision]
+        if group.state == DRAINING:
+            return group
+        if not any(g.state == ACTIVE for g in self.groups.values() if g is not group):
+            raise LastGroup(revision)
+        group.state, group.weight = DRAINING, 0
+        self.selector.forget(revision)
+        self.selector.reset()
+        task = asyncio.create_task(self._drain_group(group))
+        self._group_drains.add(task)
+        task.add_done_callback(self._group_drains.discard)
+        log.info("revision %s removed; draining %d requests", revision, group.requests)
+        return group
+
+    async def _drain_group(self, group: Group) -> None:
+        await group.stop_warmup()
+        # Requests inside the group keep its pools for their retries and fallbacks.
+        await group.wait_idle()
+        for pool in group.pools.values():
+            for backend in list(pool.backends):
+                self.remove_backend(pool.role, backend.url, group)
+        await asyncio.gather(*(self._drains[b] for b in group.backends() if b in self._drains))
+        del self.groups[group.revision]
+        self.metrics.forget_group(group.revision)
+        log.info("revision %s drained and removed", group.revision)
+
+    async def add_backend(self, role: str, url: str, group: Group | None = None) -> Backend:
+        """Add a member to ``role``'s pool of ``group`` (the primary one if None); it takes
+        requests once a probe finds it healthy. Raises ValueError if it is a member already."""
+        group = group or self.primary
+        backend = group.pools[role].add(url)
         backend.open(self.config.connect_timeout_s)
         # Probe now rather than at the next round, so the caller learns at once whether the
         # new member is reachable, and a healthy one serves from the next request on.
         await probe(backend, timeout_s=max(self.config.connect_timeout_s, 0.5))
-        log.info("%s backend %s added (%s)", role, url,
+        log.info("revision %s: %s backend %s added (%s)", group.revision, role, url,
                  "ready" if backend.healthy else f"not ready: {backend.last_error}")
         return backend
 
-    def remove_backend(self, role: str, url: str) -> Backend:
-        """Take a member out of rotation now and close it once its requests have finished.
-        Raises KeyError if ``url`` is not a member."""
-        pool = self.pools[role]
+    def remove_backend(self, role: str, url: str, group: Group | None = None) -> Backend:
+        """Take a member of ``group`` (the primary one if None) out of rotation now and close
+        it once its requests have finished. Raises KeyError if ``url`` is not a member."""
+        group = group or self.primary
+        pool = group.pools[role]
         backend = pool.find(url)
         if backend is None:
             raise KeyError(url)
         pool.remove(backend)
-        task = asyncio.create_task(self._drain(pool, backend))
-        self._drains.add(task)
-        task.add_done_callback(self._drains.discard)
-        log.info("%s backend %s removed; draining %d in-flight requests", role, url,
-                 backend.in_flight)
+        task = asyncio.create_task(self._drain(group, pool, backend))
+        self._drains[backend] = task
+        task.add_done_callback(lambda _: self._drains.pop(backend, None))
+        log.info("revision %s: %s backend %s removed; draining %d in-flight requests, %d KV "
+                 "hand-offs", group.revision, role, url, backend.in_flight, backend.kv_pending)
         return backend
 
-    async def _drain(self, pool: Pool, backend: Backend) -> None:
-        await backend.drain()
+    async def _drain(self, group: Group, pool: Pool, backend: Backend) -> None:
+        await backend.drain(self.config.kv_lease_s)
         pool.draining.remove(backend)
         if pool.find(backend.url) is None:
-            self.metrics.forget_backend(pool.role, backend.url)
-        log.info("%s backend %s drained and closed", pool.role, backend.url)
+            self.metrics.forget_backend(pool.role, backend.url, group.revision)
+        log.info("revision %s: %s backend %s drained and closed", group.revision, pool.role,
+                 backend.url)
 
     # ---- plain endpoints -------------------------------------------------------------
     async def health(self, _request: web.Request) -> web.Response:
-        roles = {
-            role: {
-                "ready": len(pool.ready()),
-                "total": len(pool.backends),
-                "backends": [
-                    {"url": b.url, "ready": b.healthy, "in_flight": b.in_flight,
-                     "error": b.last_error}
-                    for b in pool.backends
-                ],
-            }
-            for role, pool in self.pools.items()
+        groups = {
+            revision: {**group.health(self.config.degraded_mode), "weight": group.weight,
+                       "state": group.state}
+            for revision, group in self.groups.items()
         }
-        missing = [role for role, info in roles.items() if info["ready"] == 0]
-        healthy = not missing
-        answer: dict[str, object] = {"mode": self.config.mode, "roles": roles}
-        if self.warmer is not None:
-            healthy = healthy and self.warmer.any_warm()
-            answer["kv_warmup"] = self.warmer.report()
-        if healthy:
+        routable = [groups[g.revision] for g in self.groups.values() if g.routable]
+        primary = groups[self.primary.revision]
+        # The top level is the primary group's, as it was with one set of pools; the status is
+        # the best any group that takes requests can do.
+        answer: dict[str, object] = {"mode": primary["mode"], "roles": primary["roles"]}
+        if "kv_warmup" in primary:
+            answer["kv_warmup"] = primary["kv_warmup"]
+        degraded = next((g for g in routable if g["status"] == "degraded"), None)
+        if any(g["status"] == "ok" for g in routable):
             status = "ok"
-        elif self.config.mode == "pd" and self.config.degraded_mode and len(missing) == 1:
-            # One role can serve every request alone, more slowly (see _degraded).
+        elif degraded is not None:
             status = "degraded"
-            answer["degraded"] = missing[0]
+            answer["degraded"] = degraded["degraded"]
         else:
             status = "unavailable"
         answer["status"] = status
+        answer["groups"] = groups
         return web.json_response(answer, status=503 if status == "unavailable" else 200)
 
     async def prometheus(self, _request: web.Request) -> web.Response:
-        self.metrics.refresh(self.pools.values(), self.placer)
+        self.metrics.refresh(self.groups.values())
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -274,7 +356,8 @@ class Router:
             await asyncio.shield(settling)
 
     async def pass_through(self, request: web.Request) -> web.StreamResponse:
-        """A vLLM route relayed to one ready worker (decode first: it renders as chat does)."""
+        """A vLLM route relayed to one ready worker of the request's group (decode first: it
+        renders as chat does)."""
         timeline = Timeline(request.headers.get("X-Request-Id") or uuid.uuid4().hex, "other")
         if isinstance(denied := self._check_auth(request, timeline.request_id), web.Response):
             return denied
@@ -283,20 +366,33 @@ class Router:
         except web.HTTPRequestEntityTooLarge:
             return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes",
                                   timeline.request_id)
+        group = self.selector.pick(self.groups, session_key(request.headers.get(SESSION_HEADER), {}))
+        if group is None:
+            return self._no_group(timeline)
+        group.enter()
+        try:
+            response = await self._pass_to(group, request, raw, timeline)
+        finally:
+            group.leave()
+        response.headers[REVISION_HEADER] = group.revision
+        return response
+
+    async def _pass_to(self, group: Group, request: web.Request, raw: bytes,
+                       timeline: Timeline) -> web.Response:
         pool = next((p for role in ("decode", "colocated", "prefill")
-                     if (p := self.pools.get(role)) is not None and p.ready()), None)
+                     if (p := group.pools.get(role)) is not None and p.ready()), None)
         if pool is None:
             message = "no ready worker (" + "; ".join(
                 f"{b.url}: {b.last_error or 'not ready'}"
-                for p in self.pools.values() for b in p.backends) + ")"
+                for p in group.pools.values() for b in p.backends) + ")"
             return error_response(503, message, timeline.request_id, code="no_worker_ready")
         backend = pool.pick().backend
         headers = {"X-Request-Id": timeline.request_id,
                    "Content-Type": request.headers.get("Content-Type", "application/json")}
         try:
-            async with self.calls.post(backend, request.path, timeline, retriable=False,
-                                       method=request.method, data=raw,
-                                       headers=headers) as upstream:
+            async with group.calls.post(backend, request.path, timeline, retriable=False,
+                                        method=request.method, data=raw,
+                                        headers=headers) as upstream:
                 payload = await upstream.read()
                 return relay(upstream.status, payload, upstream, timeline.request_id)
         except BackendFailure as exc:
@@ -304,6 +400,11 @@ class Router:
                                   code=f"{exc.role}_unavailable")
         except RequestTimedOut:
             return self._timed_out(timeline, "")
+
+    def _no_group(self, timeline: Timeline) -> web.Response:
+        message = "no revision takes requests: every active group has weight 0"
+        timeline.error = message
+        return error_response(503, message, timeline.request_id, code="no_revision_routable")
 
     # ---- inference -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -324,12 +425,15 @@ class Router:
             timeline.status = 499
             self._finish(timeline)
             raise
+        if timeline.revision is not None and not response.prepared:
+            # A stream names its group before its headers go out (forward.py).
+            response.headers[REVISION_HEADER] = timeline.revision
         timeline.status = response.status
         self._finish(timeline)
         return response
 
     def _finish(self, timeline: Timeline) -> None:
-        self.metrics.record_request(timeline, self.config.mode)
+        self.metrics.record_request(timeline)
         timeline_log.info("timeline %s", timeline.to_json())
 
     async def _serve_inner(self, request: web.Request, endpoint: str,
@@ -344,8 +448,27 @@ class Router:
                                   request_id)
         try:
             parsed = self.checker.parse(endpoint, parse_json(raw))
-            if parsed.render_on_worker and self.config.mode == "pd":
-                parsed = await self._render_on_worker(parsed, timeline)
+        except RequestError as exc:
+            return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+        # Picked once the body is parsed: its `user` may name the session.
+        group = self.selector.pick(self.groups, session_key(request.headers.get(SESSION_HEADER),
+                                                            parsed.body))
+        if group is None:
+            return self._no_group(timeline)
+        timeline.revision = group.revision
+        group.enter()
+        try:
+            return await self._serve_in(group, request, parsed, raw, key, timeline)
+        finally:
+            group.leave()
+
+    async def _serve_in(self, group: Group, request: web.Request, parsed: ParsedRequest,
+                        raw: bytes, key: ApiKey | None, timeline: Timeline) -> web.StreamResponse:
+        """The request inside its group: everything from here on uses that group's workers."""
+        request_id = timeline.request_id
+        try:
+            if parsed.render_on_worker and group.mode == "pd":
+                parsed = await self._render_on_worker(group, parsed, timeline)
         except RequestError as exc:
             return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
         except UpstreamError as exc:  # the worker's own refusal of what it cannot render
@@ -362,7 +485,7 @@ class Router:
                                       headers={"Retry-After": str(exc.retry_after_s)})
 
         try:
-            return await self._dispatch(request, parsed, raw, timeline)
+            return await self._dispatch(group, request, parsed, raw, timeline)
         finally:
             # Known only if something needed the ids (see prompts.py); a non-streamed answer's
             # usage may have told it too.
@@ -371,20 +494,21 @@ class Router:
             if key is not None:
                 await self._settle(key, ticket, parsed, timeline)
 
-    async def _dispatch(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
-                        timeline: Timeline) -> web.StreamResponse:
+    async def _dispatch(self, group: Group, request: web.Request, parsed: ParsedRequest,
+                        raw: bytes, timeline: Timeline) -> web.StreamResponse:
         try:
-            return await self._route(request, parsed, raw, timeline)
+            return await self._route(group, request, parsed, raw, timeline)
         except BackendFailure as exc:
             # A failed call to decode raises only before anything reached the client (a
             # failure mid-stream ends the stream with an error event instead): prefill can
             # still answer the whole request.
             if (exc.role != "decode" or exc.timed_out or not self.config.degraded_mode
-                    or self.config.mode != "pd" or not self.pools["prefill"].ready()):
+                    or group.mode != "pd" or not group.pools["prefill"].ready()):
                 return self._failed(exc, timeline)
             log.warning("request %s: %s; prefill runs it whole", timeline.request_id, exc)
             try:
-                return await self._degraded(request, parsed, raw, timeline, missing="decode")
+                return await self._degraded(group, request, parsed, raw, timeline,
+                                            missing="decode")
             except (NoBackendAvailable, BackendFailure, RequestTimedOut, UpstreamError) as again:
                 return self._failed(again, timeline)
         except (NoBackendAvailable, RequestTimedOut, UpstreamError) as exc:
@@ -404,78 +528,86 @@ class Router:
         role = exc.role if isinstance(exc, (BackendFailure, NoBackendAvailable)) else "worker"
         return error_response(503, str(exc), request_id, code=f"{role}_unavailable")
 
-    async def _route(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
+    async def _route(self, group: Group, request: web.Request, parsed: ParsedRequest, raw: bytes,
                      timeline: Timeline) -> web.StreamResponse:
-        """Where the request goes, and its answer; a failure raises (see _dispatch)."""
+        """Where the request goes in its group, and its answer; a failure raises (see
+        _dispatch)."""
         request_id = timeline.request_id
+        pools, forwarder, revision = group.pools, group.forwarder, group.revision
         # The client's body goes on as the bytes it came in, unless the hand-off changes it.
-        if self.config.mode == "colocated":
-            return await self.forwarder.forward(request, "colocated", parsed, raw, timeline)
+        if group.mode == "colocated":
+            return await forwarder.forward(request, "colocated", parsed, raw, timeline)
         # ready(), not pick(): pick() would advance the round robin and skew the real pick.
-        if not self.pools["decode"].ready():
+        if not pools["decode"].ready():
             # Decided before prefilling: a prefill for a decode that never comes pins KV
             # blocks on the prefill worker until they time out.
-            if not (self.config.degraded_mode and self.pools["prefill"].ready()):
-                raise NoBackendAvailable("decode", self.pools["decode"].backends)
-            return await self._degraded(request, parsed, raw, timeline, missing="decode")
-        if not self.pools["prefill"].ready() and self.config.degraded_mode:
-            return await self._degraded(request, parsed, raw, timeline, missing="prefill")
+            if not (self.config.degraded_mode and pools["prefill"].ready()):
+                raise NoBackendAvailable("decode", pools["decode"].backends)
+            return await self._degraded(group, request, parsed, raw, timeline, missing="decode")
+        if not pools["prefill"].ready() and self.config.degraded_mode:
+            return await self._degraded(group, request, parsed, raw, timeline, missing="prefill")
         if parsed.whole is not None:
-            self.metrics.pd_fallback.labels(parsed.whole).inc()
+            self.metrics.pd_fallback.labels(parsed.whole, revision).inc()
             timeline.kv = {"whole_on_decode": parsed.whole}
-            return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
-        if self.placer is not None:
-            placement = self.placer.place(len(parsed.prompt_token_ids),
-                                          self.pools["prefill"].ready(),
-                                          self.pools["decode"].ready())
+            return await forwarder.forward(request, "decode", parsed, raw, timeline)
+        if group.placer is not None:
+            placement = group.placer.place(len(parsed.prompt_token_ids), pools["prefill"].ready(),
+                                           pools["decode"].ready())
             self.metrics.placements.labels(placement.where, placement.reason).inc()
             timeline.kv = {"placement": placement.where}
             if placement.where == "local":
                 self.metrics.local_prefill.inc()
                 timeline.kv["local_prefill"] = True
-                return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
+                return await forwarder.forward(request, "decode", parsed, raw, timeline)
             if placement.where == "prefill_whole":
-                return await self.forwarder.forward(request, "prefill", parsed, raw, timeline)
+                return await forwarder.forward(request, "prefill", parsed, raw, timeline)
         elif (self.config.local_prefill_max_tokens
               and len(parsed.prompt_token_ids) <= self.config.local_prefill_max_tokens):
             self.metrics.local_prefill.inc()
             timeline.kv = {"local_prefill": True}
-            return await self.forwarder.forward(request, "decode", parsed, raw, timeline)
-        assert self.prefill_stage is not None  # PD mode has a prefill pool
+            return await forwarder.forward(request, "decode", parsed, raw, timeline)
+        assert group.prefill_stage is not None  # a PD group has a prefill pool
         try:
-            decode_body, handoff_from = await self.prefill_stage.run(parsed, timeline)
+            decode_body, handoff = await group.prefill_stage.run(parsed, timeline)
         except (NoBackendAvailable, BackendFailure) as exc:
             # Every prefill worker failed or went away while this request waited: the
             # client has received nothing yet, so decode computes the prompt instead.
             timed_out = isinstance(exc, BackendFailure) and exc.timed_out
-            if timed_out or not self.config.degraded_mode or not self.pools["decode"].ready():
+            if timed_out or not self.config.degraded_mode or not pools["decode"].ready():
                 raise
             log.warning("request %s: no prefill worker could take it (%s); decode "
                         "prefills it", request_id, exc)
-            return await self._degraded(request, parsed, raw, timeline, missing="prefill")
-        return await self.forwarder.forward(request, "decode", parsed,
-                                            json.dumps(decode_body).encode(), timeline,
-                                            handoff_from=handoff_from)
+            return await self._degraded(group, request, parsed, raw, timeline, missing="prefill")
+        try:
+            return await forwarder.forward(request, "decode", parsed,
+                                           json.dumps(decode_body).encode(), timeline,
+                                           handoff=handoff)
+        finally:
+            # Whatever became of the decode call, its KV is no longer waited for.
+            if handoff is not None:
+                handoff.release()
 
-    async def _degraded(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
-                        timeline: Timeline, missing: str) -> web.StreamResponse:
+    async def _degraded(self, group: Group, request: web.Request, parsed: ParsedRequest,
+                        raw: bytes, timeline: Timeline, missing: str) -> web.StreamResponse:
         """Serve without the role that has no ready worker: decode computes the prompt itself
         (a KV consumer answers a request nothing was prefilled for), or prefill runs it whole.
         Slower, but the client gets its answer rather than a 503."""
-        self.metrics.degraded.labels(missing).inc()
+        self.metrics.degraded.labels(missing, group.revision).inc()
         timeline.kv = {**timeline.kv, "degraded": f"no {missing} worker ready"}
         serving = "prefill" if missing == "decode" else "decode"
-        return await self.forwarder.forward(request, serving, parsed, raw, timeline)
+        return await group.forwarder.forward(request, serving, parsed, raw, timeline)
 
-    async def _render_on_worker(self, parsed: ParsedRequest, timeline: Timeline) -> ParsedRequest:
+    async def _render_on_worker(self, group: Group, parsed: ParsedRequest,
+                                timeline: Timeline) -> ParsedRequest:
         """The prompt tokens of a chat request the router cannot render as vLLM does, from a
-        ready worker's /tokenize (vLLM's own rendering: tools, tool messages, media). Without
-        a worker to ask, the request goes whole to decode, which renders it itself."""
+        ready worker of its group's /tokenize (vLLM's own rendering: tools, tool messages,
+        media). Without a worker to ask, the request goes whole to decode, which renders it
+        itself."""
         body = {key: parsed.body[key] for key in TOKENIZE_FIELDS if key in parsed.body}
-        role = "decode" if self.pools["decode"].ready() else "prefill"
+        role = "decode" if group.pools["decode"].ready() else "prefill"
         try:
-            backend = self.calls.pick(role, parsed)
-            data = await self.calls.call_json(backend, "/tokenize", body, timeline)
+            backend = group.calls.pick(role, parsed)
+            data = await group.calls.call_json(backend, "/tokenize", body, timeline)
         except (NoBackendAvailable, BackendFailure) as exc:
             log.warning("request %s: no worker rendered the chat prompt (%s); decode renders it "
                         "itself", timeline.request_id, exc)

@@ -21,6 +21,8 @@ EVENTS = ("received", "prefill_queued", "prefill_dispatched", "prefill_retried",
 class Timeline:
     request_id: str
     endpoint: str
+    # The revision group that served the request (None: refused before one was picked).
+    revision: str | None = None
     arrived: float = field(default_factory=time.perf_counter)
     wall_start: float = field(default_factory=time.time)
     events: dict[str, float] = field(default_factory=dict)
@@ -31,6 +33,7 @@ class Timeline:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     stream_chunks: int = 0
+    streamed: bool = False
     kv: dict[str, Any] = field(default_factory=dict)
     status: int | None = None
     error: str | None = None
@@ -52,6 +55,7 @@ class Timeline:
         return json.dumps({
             "request_id": self.request_id,
             "endpoint": self.endpoint,
+            "revision": self.revision,
             "start": round(self.wall_start, 6),
             "events_ms": self.events,
             "prefill": self.prefill,

@@ -92,7 +92,8 @@ async def test_get_lists_every_role_with_its_policy_and_members(start_router: St
     assert body["roles"]["prefill"]["policy"] == "prefix_aware"
     assert body["roles"]["decode"]["policy"] == "least_outstanding"
     assert body["roles"]["prefill"]["backends"] == [
-        {"role": "prefill", "url": prefill.url, "state": "ready", "in_flight": 0, "error": ""}]
+        {"role": "prefill", "url": prefill.url, "state": "ready", "in_flight": 0, "error": "",
+         "revision": "1"}]
     assert [b["url"] for b in body["roles"]["decode"]["backends"]] == [decode.url]
 
 
@@ -195,7 +196,8 @@ async def test_a_url_can_be_added_again_while_its_old_member_drains(
     await wait_until(lambda: not running.router.pools["decode"].draining)
     # The old member's drain must not have dropped the new one's series.
     scrape = await (await running.client.get("/metrics")).text()
-    assert f'pdserve_router_backend_up{{backend="{decode.url}",role="decode"}} 1.0' in scrape
+    assert (f'pdserve_router_backend_up{{backend="{decode.url}",revision="1",role="decode"}} 1.0'
+            in scrape)
     assert (await running.client.post("/v1/completions", json=COMPLETION)).status == 200
 
 

@@ -18,13 +18,13 @@ VALID: dict[str, Any] = {"served_model_name": "m", "tokenizer_path": "/m", "max_
                          "prefill_urls": ("http://p:1",), "decode_urls": ("http://d:2",)}
 # Written down before the settings moved into the dataclass's fields; the console passes these.
 FLAGS = ["--served-model-name", "--tokenizer", "--max-model-len", "--prefill", "--decode", "--colocated",
-         "--kv-channel", "--host", "--port", "--request-timeout", "--connect-timeout",
+         "--revision", "--kv-channel", "--host", "--port", "--request-timeout", "--connect-timeout",
          "--health-interval", "--chat-template",
          "--max-body-bytes", "--local-prefill-max-tokens", "--prefill-policy",
          "--decode-policy", "--colocated-policy", "--pd-policy", "--stall-budget-ms", "--no-degraded-mode",
          "--prefill-slots",
          "--breaker-failures", "--breaker-cooldown", "--prefix-block-size", "--prefix-blocks",
-         "--kv-warmup-tokens", "--keys-file"]
+         "--kv-warmup-tokens", "--kv-lease-s", "--keys-file"]
 ENVIRONMENT = ["PDSERVE_API_KEY", "PDSERVE_ROUTER_ADMIN_TOKEN", "REDIS_URL"]
 
 

@@ -1,5 +1,6 @@
 """The router's metrics, built from the METRICS table: the names, kinds and labels it had before the
-table (the console's collector reads them), each held by the RouterMetrics attribute declared with
+table (the console's collector reads them), with the ``revision`` label of revision groups (the
+console sums over labels it does not read), each held by the RouterMetrics attribute declared with
 the same kind."""
 
 from __future__ import annotations
@@ -8,36 +9,47 @@ from typing import get_type_hints
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from inference.router.metrics import ADDED_BUCKETS, LATENCY_BUCKETS, METRICS, RouterMetrics
+from inference.router.metrics import (
+    ADDED_BUCKETS,
+    LATENCY_BUCKETS,
+    METRICS,
+    TOKEN_BUCKETS,
+    RouterMetrics,
+)
 
-# Written down from RouterMetrics.create as it was before the table: (attribute, kind, name, labels).
+# Written down from RouterMetrics.create as it was before the table: (attribute, kind, name, labels);
+# then the revision label and the per-token latencies of revision groups.
 EXPECTED = [
-    ("requests", Counter, "pdserve_router_requests", ("endpoint", "status", "role")),
+    ("requests", Counter, "pdserve_router_requests", ("endpoint", "status", "role", "revision")),
     ("added_seconds", Histogram, "pdserve_router_added_seconds", ()),
-    ("kv_handoff_seconds", Histogram, "pdserve_router_kv_handoff_seconds", ()),
+    ("kv_handoff_seconds", Histogram, "pdserve_router_kv_handoff_seconds", ("revision",)),
     ("auth_failures", Counter, "pdserve_router_auth_failures", ("reason",)),
     ("rate_limited", Counter, "pdserve_router_rate_limited", ("limit",)),
     ("rate_limit_store_errors", Counter, "pdserve_router_rate_limit_store_errors", ()),
     ("key_requests", Counter, "pdserve_router_key_requests", ("key",)),
-    ("prefill_seconds", Histogram, "pdserve_router_prefill_seconds", ()),
-    ("first_byte_seconds", Histogram, "pdserve_router_first_byte_seconds", ("endpoint",)),
-    ("in_flight", Gauge, "pdserve_router_in_flight", ("role", "backend")),
-    ("backend_up", Gauge, "pdserve_router_backend_up", ("role", "backend")),
-    ("pd_fallback", Counter, "pdserve_router_pd_fallback", ("reason",)),
-    ("degraded", Counter, "pdserve_router_degraded", ("missing_role",)),
-    ("backend_errors", Counter, "pdserve_router_backend_errors", ("role", "kind")),
+    ("prefill_seconds", Histogram, "pdserve_router_prefill_seconds", ("revision",)),
+    ("first_byte_seconds", Histogram, "pdserve_router_first_byte_seconds", ("endpoint", "revision")),
+    ("in_flight", Gauge, "pdserve_router_in_flight", ("role", "backend", "revision")),
+    ("backend_up", Gauge, "pdserve_router_backend_up", ("role", "backend", "revision")),
+    ("pd_fallback", Counter, "pdserve_router_pd_fallback", ("reason", "revision")),
+    ("degraded", Counter, "pdserve_router_degraded", ("missing_role", "revision")),
+    ("backend_errors", Counter, "pdserve_router_backend_errors", ("role", "kind", "revision")),
     ("client_disconnects", Counter, "pdserve_router_client_disconnects", ("endpoint",)),
-    ("kv_handoffs", Counter, "pdserve_router_kv_handoffs", ("prefill", "decode", "outcome")),
+    ("kv_handoffs", Counter, "pdserve_router_kv_handoffs",
+     ("prefill", "decode", "outcome", "revision")),
     ("local_prefill", Counter, "pdserve_router_local_prefill", ()),
     ("policy_decisions", Counter, "pdserve_router_policy_decisions", ("role", "policy", "outcome")),
     ("retries", Counter, "pdserve_router_retries", ("role",)),
     ("breaker_opened", Counter, "pdserve_router_breaker_opened", ("role", "backend")),
     ("placements", Counter, "pdserve_router_pd_placements", ("placement", "reason")),
-    ("prefill_queue_depth", Gauge, "pdserve_router_prefill_queue_depth", ()),
+    ("prefill_queue_depth", Gauge, "pdserve_router_prefill_queue_depth", ("revision",)),
     ("prefill_queue_wait_seconds", Histogram, "pdserve_router_prefill_queue_wait_seconds", ()),
-    ("adaptive_local_max_tokens", Gauge, "pdserve_router_adaptive_local_max_tokens", ()),
-    ("prefill_speed", Gauge, "pdserve_router_prefill_tokens_per_second", ("where",)),
-    ("prefill_busy_fraction", Gauge, "pdserve_router_prefill_busy_fraction", ()),
+    ("adaptive_local_max_tokens", Gauge, "pdserve_router_adaptive_local_max_tokens", ("revision",)),
+    ("prefill_speed", Gauge, "pdserve_router_prefill_tokens_per_second", ("where", "revision")),
+    ("prefill_busy_fraction", Gauge, "pdserve_router_prefill_busy_fraction", ("revision",)),
+    ("ttft_seconds", Histogram, "pdserve_router_ttft_seconds", ("revision",)),
+    ("itl_seconds", Histogram, "pdserve_router_itl_seconds", ("revision",)),
+    ("tpot_seconds", Histogram, "pdserve_router_tpot_seconds", ("revision",)),
 ]
 PROMETHEUS_TYPES = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}
 
@@ -66,7 +78,8 @@ def test_the_histograms_keep_their_buckets() -> None:
     buckets = {spec.attribute: spec.buckets for spec in METRICS if spec.kind is Histogram}
     assert buckets == {"added_seconds": ADDED_BUCKETS, "kv_handoff_seconds": LATENCY_BUCKETS,
                        "prefill_seconds": LATENCY_BUCKETS, "first_byte_seconds": LATENCY_BUCKETS,
-                       "prefill_queue_wait_seconds": LATENCY_BUCKETS}
+                       "prefill_queue_wait_seconds": LATENCY_BUCKETS, "ttft_seconds": TOKEN_BUCKETS,
+                       "itl_seconds": TOKEN_BUCKETS, "tpot_seconds": TOKEN_BUCKETS}
     metrics = RouterMetrics.create()
     metrics.added_seconds.observe(0.0003)
     bucket = "pdserve_router_added_seconds_bucket"
