@@ -85,6 +85,11 @@ class RolloutRunner:
             except AdminUnreadable as exc:
                 log.info("rollout #%d: router admin API unreadable (%s); asked again", rollout.pk,
                          exc)
+            except Exception:
+                # One rollout's bug must not end the supervisor (its loop stops every process
+                # when a tick raises): the rollout stays in its state and is tried again.
+                log.exception("rollout #%d: its step failed in %s; tried again next tick",
+                              rollout.pk, rollout.state)
         self.windows = {k: v for k, v in self.windows.items()
                         if Rollout.objects.filter(pk=k, state__in=Rollout.ACTIVE_STATES).exists()}
         return did
