@@ -23,6 +23,7 @@ urlpatterns = [
     path("api/v1/", include("console.quality.api.urls")),
     path("api/v1/", include("console.playground.api.urls")),
     path("api/v1/", include("console.alerts.api.urls")),
+    path("api/v1/", include("console.rollouts.api.urls")),
     path("", include("console.audit.urls")),
     path("", include("console.accounts.urls")),
     path("", include("console.credentials.urls")),
@@ -34,5 +35,6 @@ urlpatterns = [
     path("", include("console.gateway.urls")),
     path("", include("console.quality.urls")),
     path("", include("console.alerts.urls")),
+    path("", include("console.rollouts.urls")),
     path("", include("console.control.urls")),
 ]

@@ -21,6 +21,7 @@ from console.catalog.models import BaseModel, QuantizationJob
 from console.deployments.models import Deployment
 from console.fleet.models import Node
 from console.fleet.services import local_node
+from console.rollouts.models import Revision, Rollout
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port
 from tests.console.test_permissions_generated import KINDS, PUBLIC, call, client_for, values
@@ -217,6 +218,27 @@ CHANGES: dict[tuple[str, str], Change] = {
         "url": "http://127.0.0.1:9/p", "recipients": "[]", "send_resolved": "on",
         "min_severity": "info", "timeout_s": "5", "max_attempts": "5"}, "notifier.create"),
     ("alerts/notifiers/{pk}/delete/", "post"): Change("admin", _none, "notifier.delete"),
+    # revisions and rollouts
+    ("api/v1/deployments/{pk}/revisions/", "post"): Change("operator", lambda w: {
+        "block_size": 32, "note": "bigger blocks"}, "revision.create"),
+    ("deployments/{name}/revisions/new/", "post"): Change("operator", lambda w: {
+        "block_size": "32", "note": "bigger blocks"}, "revision.create"),
+    ("api/v1/rollouts/", "post"): Change("operator", lambda w: {
+        "deployment": w.deployment.name, "revision": w.revision.number,
+        "strategy": "blue_green"}, "rollout.starting"),
+    ("deployments/{name}/revisions/{number}/rollout/", "post"): Change(
+        "operator", lambda w: {"strategy": "canary"}, "rollout.starting"),
+    ("api/v1/deployments/{pk}/rollback/", "post"): Change("operator", _none, "rollout.starting"),
+    ("deployments/{name}/rollback/", "post"): Change("operator", _none, "rollout.starting"),
+    ("api/v1/rollouts/{pk}/pause/", "post"): Change("operator", _none, "rollout.paused"),
+    ("rollouts/{pk}/pause/", "post"): Change("operator", _none, "rollout.paused"),
+    ("api/v1/rollouts/{pk}/resume/", "post"): Change("operator", _none, "rollout.stepping"),
+    ("rollouts/{pk}/resume/", "post"): Change("operator", _none, "rollout.stepping"),
+    ("api/v1/rollouts/{pk}/promote/", "post"): Change("operator", _none, "rollout.stepping"),
+    ("rollouts/{pk}/promote/", "post"): Change("operator", _none, "rollout.stepping"),
+    ("api/v1/rollouts/{pk}/rollback/", "post"): Change("operator", _none,
+                                                       "rollout.rolling_back"),
+    ("rollouts/{pk}/rollback/", "post"): Change("operator", _none, "rollout.rolling_back"),
     # the caller's own API tokens
     ("api/v1/tokens/", "post"): Change("viewer", lambda w: {"name": "script"}, "api_token.create"),
     ("api/v1/tokens/{pk}/revoke/", "post"): Change("viewer", _none, "api_token.revoke"),
@@ -273,6 +295,34 @@ def _stopped(w: World) -> None:
         state=ManagedProcess.State.STOPPED)
 
 
+def _stopped_without_rollouts(w: World) -> None:
+    # Rollout.from_revision/to_revision are PROTECT: a deployment with a rollout cannot be
+    # deleted yet (models.py's to fix: RESTRICT). Until then the world's rollout goes first.
+    _stopped(w)
+    Rollout.objects.filter(deployment=w.deployment).delete()
+
+
+def _rollout_done(w: World) -> None:
+    """The world's rollout finished and the deployment running: a new one may start."""
+    _running(w)
+    Rollout.objects.filter(pk=w.rollout.pk).update(state=Rollout.State.ROLLED_BACK)
+
+
+def _live_replaced(w: World) -> None:
+    """A revision before the live one to roll back to: the live one retired, the plan as it is
+    live again under the next number."""
+    _rollout_done(w)
+    live = Revision.objects.get(deployment=w.deployment, state=Revision.State.LIVE)
+    Revision.objects.filter(pk=live.pk).update(state=Revision.State.RETIRED)
+    Revision.objects.create(deployment=w.deployment, number=w.revision.number + 1,
+                            spec=live.spec, state=Revision.State.LIVE)
+
+
+def _paused(w: World) -> None:
+    Rollout.objects.filter(pk=w.rollout.pk).update(state=Rollout.State.PAUSED,
+                                                   paused_from=Rollout.State.STEPPING)
+
+
 def _inactive_viewer(w: World) -> None:
     type(w.viewer).objects.filter(pk=w.viewer.pk).update(is_active=False)
 
@@ -293,7 +343,13 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("users/{pk}/activate/", "post"): _inactive_viewer,
     ("api/v1/deployments/{pk}/gate/", "post"): _running,
     ("deployments/{name}/gate/run/", "post"): _running,
-    ("api/v1/deployments/{pk}/", "delete"): _stopped,
+    ("api/v1/deployments/{pk}/", "delete"): _stopped_without_rollouts,
+    ("api/v1/rollouts/", "post"): _rollout_done,
+    ("deployments/{name}/revisions/{number}/rollout/", "post"): _rollout_done,
+    ("api/v1/deployments/{pk}/rollback/", "post"): _live_replaced,
+    ("deployments/{name}/rollback/", "post"): _live_replaced,
+    ("api/v1/rollouts/{pk}/resume/", "post"): _paused,
+    ("rollouts/{pk}/resume/", "post"): _paused,
 }
 
 

@@ -25,6 +25,8 @@ from console.fleet.models import Node
 from console.gateway.models import ApiKey
 from console.gateway.services import create_key
 from console.quality.models import GateResult, VariantMeasurement
+from console.rollouts import revisions as revision_store
+from console.rollouts.models import Revision, Rollout, RolloutTransition
 from console.supervisor.models import ManagedProcess
 from tests.console.tiny_models import make_startable, write_model
 from tests.console.tokens import token_for
@@ -62,6 +64,9 @@ class World:
     silence: Silence
     notifier: Notifier
     delivery: Delivery
+    # r1 live, r2 a draft, and a canary rollout from one to the other taking 10%.
+    revision: Revision | None = None
+    rollout: Rollout | None = None
 
     def user(self, name: str) -> User:
         return getattr(self, name)
@@ -110,6 +115,25 @@ def _gate(deployment: Deployment) -> GateResult:
                                      max_mean_delta=0.5, action="block")
 
 
+def _rolling(deployment: Deployment, user: User) -> tuple[Revision, Rollout]:
+    """The live revision, a draft with other sampling defaults, and a canary rollout between
+    them at its first step (stored directly: no supervisor runs it)."""
+    live = revision_store.ensure_live(deployment)
+    draft = Revision.objects.create(deployment=deployment, number=live.number + 1,
+                                    spec={**live.spec, "sampling_defaults": {"temperature": 0.5}},
+                                    note="cooler", created_by=user)
+    rollout = Rollout.objects.create(
+        deployment=deployment, from_revision=live, to_revision=draft, strategy="canary",
+        state=Rollout.State.STEPPING, steps=[{"weight": 10, "hold_s": 60},
+                                             {"weight": 100, "hold_s": 0}],
+        weights={live.label: 90, draft.label: 10}, analysis={"failure_limit": 1, "metrics": {}},
+        state_since=timezone.now(), step_since=timezone.now(), created_by=user)
+    RolloutTransition.objects.create(rollout=rollout, from_state="starting", to_state="stepping",
+                                     actor="supervisor", reason="green took 10%",
+                                     weights=rollout.weights)
+    return draft, rollout
+
+
 def build_world(tmp_path: Path) -> World:
     model_dir = tmp_path / "model"
     model_dir.mkdir()
@@ -152,10 +176,13 @@ def build_world(tmp_path: Path) -> World:
     _alerting(other, users["outsider"])
     rule, alert, silence, notifier, delivery = _alerting(deployment, users["admin"])
     viewer_token_id = users["viewer"].api_tokens.get().pk
+    with acting_as("command", "world"):
+        revision, rollout = _rolling(deployment, users["admin"])
     return World(alpha=alpha, bravo=bravo, **users, deployment=deployment, other_deployment=other,
                  process=_process(deployment, 9002), key=key, gate=_gate(deployment),
                  base_model=deployment.base_model, variant=variant, node=node, job=job,
                  measurement=measurement, entry_id=entry.pk, tokens=tokens,
                  viewer_token_id=viewer_token_id,
                  spare_dir=str(write_model(tmp_path / "models" / "spare")), alert_rule=rule,
-                 alert=alert, silence=silence, notifier=notifier, delivery=delivery)
+                 alert=alert, silence=silence, notifier=notifier, delivery=delivery,
+                 revision=revision, rollout=rollout)

@@ -1,0 +1,76 @@
+"""The revision page's forms: a draft (only what is filled in changes) and a rollout's start."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+from console.catalog.models import Variant
+from console.deployments.models import Deployment
+from console.rollouts.models import Rollout
+
+TEXT_FIELDS = ("dtype", "kv_channel", "kv_cache_dtype", "kv_load_failure", "engine_version")
+JSON_FIELDS = ("sampling_defaults", "extra_engine_args")
+ROLES = ("prefill", "decode", "colocated")
+
+
+class DraftForm(forms.Form):
+    """A field left blank keeps the live revision's value."""
+
+    mode = forms.ChoiceField(choices=[("", "as live"), *Deployment.Mode.choices], required=False)
+    dtype = forms.CharField(required=False, max_length=20)
+    kv_channel = forms.CharField(required=False, max_length=20)
+    block_size = forms.IntegerField(required=False, min_value=1)
+    kv_cache_dtype = forms.CharField(required=False, max_length=20)
+    kv_cache_gib = forms.FloatField(required=False, min_value=0)
+    kv_load_failure = forms.CharField(required=False, max_length=20)
+    engine_version = forms.CharField(required=False, max_length=40)
+    sampling_defaults = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
+                                        help_text="JSON object")
+    extra_engine_args = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
+                                        help_text="JSON")
+    prefill = forms.ModelChoiceField(Variant.objects.select_related("base"), required=False)
+    decode = forms.ModelChoiceField(Variant.objects.select_related("base"), required=False)
+    colocated = forms.ModelChoiceField(Variant.objects.select_related("base"), required=False)
+    note = forms.CharField(required=False, max_length=300)
+
+    def _json(self, name: str) -> Any:
+        raw = self.cleaned_data.get(name, "")
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not JSON: {exc.msg}") from exc
+
+    def clean_sampling_defaults(self) -> Any:
+        return self._json("sampling_defaults")
+
+    def clean_extra_engine_args(self) -> Any:
+        return self._json("extra_engine_args")
+
+    def draft_input(self) -> tuple[dict[str, Any], dict[str, Variant], str]:
+        data = self.cleaned_data
+        fields = {name: data[name] for name in ("mode", *TEXT_FIELDS) if data.get(name)}
+        fields.update({name: data[name] for name in ("block_size", "kv_cache_gib", *JSON_FIELDS)
+                       if data.get(name) is not None})
+        variants = {role: data[role] for role in ROLES if data.get(role) is not None}
+        return fields, variants, data.get("note", "")
+
+
+class StartForm(forms.Form):
+    strategy = forms.ChoiceField(choices=[c for c in Rollout.Strategy.choices
+                                          if c[0] != Rollout.Strategy.IN_PLACE])
+    steps = forms.CharField(required=False, help_text='JSON, e.g. [{"weight": 10, "hold_s": 60}, '
+                            '{"weight": 100}]; blank: the default')
+
+    def clean_steps(self) -> Any:
+        raw = self.cleaned_data.get("steps", "")
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not JSON: {exc.msg}") from exc
