@@ -179,5 +179,6 @@ class Forwarder:
                    f"prefilled by {prefill_url} (decode answered {status}: "
                    f"{upstream_message(payload)})")
         self.metrics.backend_errors.labels("decode", "kv_handoff", self.calls.revision).inc()
+        self.metrics.handoff_failures.labels(self.calls.revision).inc()
         timeline.error = message
         return error_response(502, message, timeline.request_id, code="kv_handoff_failed")

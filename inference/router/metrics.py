@@ -81,6 +81,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("backend_errors", Counter, "pdserve_router_backend_errors",
                "Failed calls to a backend, by role and kind (kind=kv_handoff: decode could not "
                "load the KV prefill announced)", ("role", "kind", "revision")),
+    MetricSpec("handoff_failures", Counter, "pdserve_router_handoff_failures",
+               "KV hand-offs that failed: decode could not load the KV prefill announced (the "
+               "client got 502 kv_handoff_failed); with the count of kv_handoff_seconds, the "
+               "hand-offs tried", ("revision",)),
     MetricSpec("client_disconnects", Counter, "pdserve_router_client_disconnects",
                "Streams the client closed before the end; the worker request is aborted",
                ("endpoint",)),
@@ -149,6 +153,7 @@ class RouterMetrics:
     pd_fallback: Counter
     degraded: Counter
     backend_errors: Counter
+    handoff_failures: Counter
     client_disconnects: Counter
     kv_handoffs: Counter
     local_prefill: Counter

@@ -34,6 +34,7 @@ EXPECTED = [
     ("pd_fallback", Counter, "pdserve_router_pd_fallback", ("reason", "revision")),
     ("degraded", Counter, "pdserve_router_degraded", ("missing_role", "revision")),
     ("backend_errors", Counter, "pdserve_router_backend_errors", ("role", "kind", "revision")),
+    ("handoff_failures", Counter, "pdserve_router_handoff_failures", ("revision",)),
     ("client_disconnects", Counter, "pdserve_router_client_disconnects", ("endpoint",)),
     ("kv_handoffs", Counter, "pdserve_router_kv_handoffs",
      ("prefill", "decode", "outcome", "revision")),
