@@ -43,7 +43,7 @@ from console.gateway.router_admin import AdminUnreadable, admin_get, admin_heade
 from console.quality.gates import evaluate
 from console.quality.models import GateResult
 from console.rollouts import analysis, revisions
-from console.rollouts.machine import move
+from console.rollouts.machine import broadcast, move
 from console.rollouts.models import AnalysisRun, Revision, Rollout
 from console.supervisor.engine import Child
 from console.supervisor.models import ManagedProcess
@@ -239,9 +239,10 @@ class RolloutRunner:
             return None
         judgement = analysis.judge(opened[1], scrape, rollout.blue.label, rollout.green.label,
                                    rollout.analysis, baseline=self._baseline(rollout))
-        AnalysisRun.objects.create(rollout=rollout, step_index=rollout.step_index,
-                                   window_s=now - opened[0], verdict=judgement.verdict,
-                                   metrics=judgement.metrics, requests=judgement.requests)
+        run = AnalysisRun.objects.create(rollout=rollout, step_index=rollout.step_index,
+                                         window_s=now - opened[0], verdict=judgement.verdict,
+                                         metrics=judgement.metrics, requests=judgement.requests)
+        broadcast(analyses=[run])
         if judgement.verdict == analysis.FAIL:
             Rollout.objects.filter(pk=rollout.pk).update(failures=rollout.failures + 1)
             rollout.failures += 1

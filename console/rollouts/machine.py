@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from console.audit.actors import current_actor
 from console.audit.entries import record
-from console.rollouts.models import Rollout, RolloutTransition
+from console.live.broadcast import send_all
+from console.rollouts.models import AnalysisRun, Rollout, RolloutTransition
+from console.rollouts.streams import rollout_messages
 
 State = Rollout.State
 SUPERVISOR = "supervisor"
@@ -59,12 +63,21 @@ def move(rollout: Rollout, to: str, reason: str, **changes: Any) -> Rollout:
         if to in Rollout.DONE_STATES:
             locked.finished = now
         locked.save()
-        RolloutTransition.objects.create(rollout=locked, from_state=before, to_state=to,
+        row = RolloutTransition.objects.create(rollout=locked, from_state=before, to_state=to,
                                          actor=actor_name(), reason=reason[:1000],
                                          weights=locked.weights)
         record(f"rollout.{to}", locked, team_id=locked.deployment.team_id,
                before={"state": before}, after={
                    "state": to, "reason": reason[:1000], "weights": locked.weights,
                    "step": locked.step_index, "deployment": locked.deployment.name})
+        transaction.on_commit(lambda: broadcast(transitions=[row]))
     rollout.refresh_from_db()
     return rollout
+
+
+def broadcast(transitions: list[RolloutTransition] | None = None,
+              analyses: list[AnalysisRun] | None = None) -> None:
+    """With a shared channel layer, send the new rows to the rollout's page at once; without
+    Redis the console's hub polls them (console/rollouts/streams.py)."""
+    if settings.REDIS_URL:
+        async_to_sync(send_all)(rollout_messages(transitions or (), analyses or ()))

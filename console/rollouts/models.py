@@ -68,8 +68,9 @@ class Rollout(models.Model):
 
     deployment = models.ForeignKey("deployments.Deployment", on_delete=models.CASCADE,
                                    related_name="rollouts")
-    from_revision = models.ForeignKey(Revision, on_delete=models.PROTECT, related_name="+")
-    to_revision = models.ForeignKey(Revision, on_delete=models.PROTECT, related_name="rollouts")
+    # RESTRICT: a revision a rollout names is deleted only with its deployment.
+    from_revision = models.ForeignKey(Revision, on_delete=models.RESTRICT, related_name="+")
+    to_revision = models.ForeignKey(Revision, on_delete=models.RESTRICT, related_name="rollouts")
     strategy = models.CharField(max_length=12, choices=Strategy.choices)
     state = models.CharField(max_length=14, choices=State.choices, default=State.STARTING)
     # The state a pause interrupted, which Resume returns to.

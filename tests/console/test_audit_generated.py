@@ -295,13 +295,6 @@ def _stopped(w: World) -> None:
         state=ManagedProcess.State.STOPPED)
 
 
-def _stopped_without_rollouts(w: World) -> None:
-    # Rollout.from_revision/to_revision are PROTECT: a deployment with a rollout cannot be
-    # deleted yet (models.py's to fix: RESTRICT). Until then the world's rollout goes first.
-    _stopped(w)
-    Rollout.objects.filter(deployment=w.deployment).delete()
-
-
 def _rollout_done(w: World) -> None:
     """The world's rollout finished and the deployment running: a new one may start."""
     _running(w)
@@ -343,7 +336,7 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("users/{pk}/activate/", "post"): _inactive_viewer,
     ("api/v1/deployments/{pk}/gate/", "post"): _running,
     ("deployments/{name}/gate/run/", "post"): _running,
-    ("api/v1/deployments/{pk}/", "delete"): _stopped_without_rollouts,
+    ("api/v1/deployments/{pk}/", "delete"): _stopped,
     ("api/v1/rollouts/", "post"): _rollout_done,
     ("deployments/{name}/revisions/{number}/rollout/", "post"): _rollout_done,
     ("api/v1/deployments/{pk}/rollback/", "post"): _live_replaced,

@@ -55,8 +55,8 @@ class Migration(migrations.Migration):
                 ('finished', models.DateTimeField(blank=True, null=True)),
                 ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
                 ('deployment', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='rollouts', to='deployments.deployment')),
-                ('from_revision', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='rollouts.revision')),
-                ('to_revision', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='rollouts', to='rollouts.revision')),
+                ('from_revision', models.ForeignKey(on_delete=django.db.models.deletion.RESTRICT, related_name='+', to='rollouts.revision')),
+                ('to_revision', models.ForeignKey(on_delete=django.db.models.deletion.RESTRICT, related_name='rollouts', to='rollouts.revision')),
             ],
             options={
                 'ordering': ['-created', '-pk'],
