@@ -1,5 +1,6 @@
-"""The router process: the aiohttp app, its pools, auth and limits, and where each request
-goes (colocated, decode-local, prefill-whole or a PD hand-off; see handoff.py and forward.py).
+"""The router process: the aiohttp app, its revision groups (groups.py; each request picks one,
+selection.py, and stays in it), auth and limits, and where each request goes inside its group
+(colocated, decode-local, prefill-whole or a PD hand-off; see handoff.py and forward.py).
 
     python -m inference.router --served-model-name smollm2 --tokenizer MODEL_DIR \
         --max-model-len 2048 --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200
