@@ -54,6 +54,8 @@ class PoolSync:
     draining: dict[tuple[int, str], Drain] = field(default_factory=dict)
     # Deployments whose router's admin API did not answer step()'s last read (logged once).
     unreadable: set[int] = field(default_factory=set)
+    # (deployment id, worker url) -> the revision group the router last listed it in
+    revisions: dict[tuple[int, str], str] = field(default_factory=dict)
 
     def step(self) -> bool:
         """Add each running router's ready planned workers that it does not have yet."""
@@ -131,8 +133,13 @@ class PoolSync:
         router's pools. Raises ``AdminUnreadable`` when the router gives no such list."""
         data = admin_get(deployment, "/backends", timeout_s=self.admin_timeout_s)
         try:
-            return {(role, backend["url"]): backend["state"]
-                    for role, pool in data["roles"].items() for backend in pool["backends"]}
+            members = {(role, backend["url"]): backend["state"]
+                       for role, pool in data["roles"].items() for backend in pool["backends"]}
+            # During a rollout the router holds two revision groups: a removal names the one.
+            self.revisions.update({(deployment.pk, backend["url"]): backend.get("revision", "")
+                                   for pool in data["roles"].values()
+                                   for backend in pool["backends"]})
+            return members
         except (KeyError, TypeError, AttributeError) as exc:
             raise AdminUnreadable(f"GET /admin/backends: not a pool listing ({exc!r})") from exc
 
@@ -156,10 +163,12 @@ class PoolSync:
     def _remove(self, deployment: Deployment, role: str, url: str) -> None:
         """Ask the router to drain ``url``. A failure is logged; drained() sees the member still
         in rotation on its next call and asks again."""
+        params = {"role": role, "url": url}
+        if revision := self.revisions.get((deployment.pk, url)):
+            params["revision"] = revision
         try:
             response = httpx.delete(f"{admin_url(deployment)}/backends", timeout=self.admin_timeout_s,
-                                    headers=admin_headers(deployment),
-                                    params={"role": role, "url": url})
+                                    headers=admin_headers(deployment), params=params)
         except httpx.HTTPError as exc:
             log.warning("%s: asking the router to drain %s failed (%s: %s)", deployment.name, url,
                         type(exc).__name__, exc)

@@ -9,7 +9,7 @@ class RolloutsConfig(AppConfig):
 
     def ready(self) -> None:
         from console.live.hub import register_source
-        from console.rollouts.streams import RolloutSource
+        from console.rollouts.rollout_socket import RolloutSource
 
         # Transitions and analysis windows reach the rollout page over the deployment's socket.
         register_source(RolloutSource)

@@ -14,7 +14,7 @@ from console.audit.actors import current_actor
 from console.audit.entries import record
 from console.live.broadcast import send_all
 from console.rollouts.models import AnalysisRun, Rollout, RolloutTransition
-from console.rollouts.streams import rollout_messages
+from console.rollouts.rollout_socket import rollout_messages
 
 State = Rollout.State
 SUPERVISOR = "supervisor"
@@ -78,6 +78,6 @@ def move(rollout: Rollout, to: str, reason: str, **changes: Any) -> Rollout:
 def broadcast(transitions: list[RolloutTransition] | None = None,
               analyses: list[AnalysisRun] | None = None) -> None:
     """With a shared channel layer, send the new rows to the rollout's page at once; without
-    Redis the console's hub polls them (console/rollouts/streams.py)."""
+    Redis the console's hub polls them (console/rollouts/rollout_socket.py)."""
     if settings.REDIS_URL:
         async_to_sync(send_all)(rollout_messages(transitions or (), analyses or ()))

@@ -20,7 +20,7 @@ from console.rollouts.api.serializers import RolloutSerializer
 from console.rollouts.forms import DraftForm, StartForm
 from console.rollouts.machine import TransitionRefused
 from console.rollouts.models import Revision, Rollout
-from console.rollouts.streams import rollout_state
+from console.rollouts.rollout_socket import rollout_state
 
 State = Rollout.State
 # Which buttons a state offers (the script shows and hides them as the state changes).

@@ -9,6 +9,7 @@ revision's text, which a prefill of one revision paired with a decode of another
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -44,32 +45,53 @@ class Load:
     answers: list[tuple[int, str, str, str]] = field(default_factory=list)  # status, rev, text, err
     stop: threading.Event = field(default_factory=threading.Event)
 
-    def run(self, session: str | None) -> None:
+    def run(self, session: str | None, stream: bool) -> None:
+        """Send requests until told to stop; streamed ones count an SSE error event as a
+        failure (the router's way to fail a stream that had begun)."""
         with httpx.Client(timeout=120) as client:
             while not self.stop.is_set():
                 headers = {"X-Session-Id": session} if session else {}
+                body = {"model": self.model, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
+                        "stream": stream}
                 try:
-                    response = client.post(f"{self.router}/v1/completions", headers=headers, json={
-                        "model": self.model, "prompt": PROMPT, "max_tokens": 6,
-                        "temperature": 0})
+                    with client.stream("POST", f"{self.router}/v1/completions", headers=headers,
+                                       json=body) as response:
+                        raw = response.read().decode()
                 except httpx.HTTPError as exc:
                     self.answers.append((0, "", "", repr(exc)))
                     continue
-                revisions = response.headers.get_list("X-Pdserve-Revision")
-                text = (response.json()["choices"][0]["text"] if response.status_code == 200
-                        else "")
-                self.answers.append((response.status_code, ",".join(revisions), text,
-                                     "" if response.status_code == 200 else response.text[:300]))
+                revisions = ",".join(response.headers.get_list("X-Pdserve-Revision"))
+                if response.status_code != 200:
+                    self.answers.append((response.status_code, revisions, "", raw[:300]))
+                    continue
+                text, error = _text(raw, stream)
+                self.answers.append((599 if error else 200, revisions, text, error))
 
     def since(self, index: int) -> list[tuple[int, str, str, str]]:
         return self.answers[index:]
 
 
+def _text(raw: str, stream: bool) -> tuple[str, str]:
+    """The answer's text, and an error event's body when a stream carried one."""
+    if not stream:
+        return json.loads(raw)["choices"][0]["text"], ""
+    text = []
+    for line in raw.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line.removeprefix("data: "))
+        if "error" in event:
+            return "".join(text), line
+        text.append(event["choices"][0]["text"])
+    return "".join(text), ""
+
+
 @pytest.fixture
 def load(borrowed: Handle) -> Iterator[Load]:
     load = Load(borrowed.router, borrowed.served_model_name)
-    threads = [threading.Thread(target=load.run, args=(session,), daemon=True)
-               for session in (None, None, "sticky-session")]
+    # Streams: TTFT, ITL and TPOT are measured on streamed answers.
+    threads = [threading.Thread(target=load.run, args=(session, stream), daemon=True)
+               for session, stream in ((None, True), (None, False), ("sticky-session", True))]
     for thread in threads:
         thread.start()
     yield load
