@@ -21,7 +21,8 @@ SUPERVISOR = "supervisor"
 
 # Which states each state may go to; anything else is a bug, refused loudly.
 ALLOWED: dict[str, frozenset[str]] = {
-    State.STARTING: frozenset({State.GATING, State.PAUSED, State.ROLLING_BACK}),
+    # To stepping straight away when the revision's gate is off.
+    State.STARTING: frozenset({State.GATING, State.STEPPING, State.PAUSED, State.ROLLING_BACK}),
     State.GATING: frozenset({State.STEPPING, State.PAUSED, State.ROLLING_BACK}),
     State.STEPPING: frozenset({State.STEPPING, State.WARM, State.PAUSED, State.ROLLING_BACK}),
     State.PAUSED: frozenset({State.STARTING, State.GATING, State.STEPPING, State.WARM,

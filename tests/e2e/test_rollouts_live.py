@@ -1,6 +1,7 @@
 """Rollouts on a real deployment: the session's tiny-model 1P1D (tests/borrowed.py) under a load
 that never pauses, through a canary rollout (with its supervisor SIGKILLed mid-rollout), a
-blue-green rollout, a one-click rollback, and a green that fails its output gate.
+one-click rollback (a blue-green rollout of the previous revision), and a green that fails its
+output gate (rolled back before any request reaches it).
 
 The two revisions run different random-weight models (tests/tiny_llama.py, two seeds), so their
 greedy answers differ: an answer names its revision (``X-Pdserve-Revision``) and must be that
@@ -89,9 +90,10 @@ def _text(raw: str, stream: bool) -> tuple[str, str]:
 @pytest.fixture
 def load(borrowed: Handle) -> Iterator[Load]:
     load = Load(borrowed.router, borrowed.served_model_name)
-    # Streams: TTFT, ITL and TPOT are measured on streamed answers.
+    # Streams: TTFT, ITL and TPOT are measured on streamed answers. Two clients keep both cores
+    # busy; more made each green start take over 4 minutes here.
     threads = [threading.Thread(target=load.run, args=(session, stream), daemon=True)
-               for session, stream in ((None, True), (None, False), ("sticky-session", True))]
+               for session, stream in ((None, True), ("sticky-session", False))]
     for thread in threads:
         thread.start()
     yield load
@@ -154,10 +156,9 @@ def _check(answers: list[tuple[int, str, str, str]], texts: dict[str, str]) -> C
     return by_revision
 
 
-def test_canary_blue_green_and_rollback_lose_nothing_and_never_mix_revisions(
+def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
         borrowed: Handle, load: Load) -> None:
     live = borrowed.deployment()
-    [variant] = {w["variant_id"] for w in borrowed.deployment()["workers"]}
     other = build_tiny_llama(SMOLLM2, SHARED_TINY.parent / "tiny-llama-2l-seed1", seed=1)
     registered = borrowed.call("POST", "/api/v1/variants/", json={
         "base_model": "tiny", "name": "f32-seed1", "path": str(other)})
@@ -189,32 +190,21 @@ def test_canary_blue_green_and_rollback_lose_nothing_and_never_mix_revisions(
     assert any(a["verdict"] == "pass" for a in canary["analyses"]), canary["analyses"]
     print(f"\ncanary r{first} -> r{green}: {served} (supervisor SIGKILLed mid-rollout)")
 
-    # 2. Blue-green back to the first model under a new revision.
-    third = _draft(borrowed, variants={"prefill": variant, "decode": variant},
-                   gate={"mode": "off"}, extra_engine_args=["--max-num-seqs", "64"])
-    start = len(load.answers)
-    rollout = _rollout(borrowed, third, "blue_green", scale_down_delay_s=4, drain_timeout_s=60,
-                       analysis=CANARY["analysis"])
-    _finish(borrowed, rollout["id"], "succeeded")
-    texts[str(third)] = texts[str(first)]  # the same model as the first revision
-    served = _check(load.since(start), texts)
-    assert served[str(third)], served
-    print(f"blue-green r{green} -> r{third}: {served}")
-
-    # 3. One click: back to the previous revision (r{green}), blue-green.
+    # 2. One click: back to the previous revision, blue-green.
     start = len(load.answers)
     back = borrowed.call("POST", f"/api/v1/deployments/{borrowed.deployment_id}/rollback/")
     assert back.status_code == 201, back.text
-    assert back.json()["to_revision"] == green
+    assert (back.json()["to_revision"], back.json()["strategy"]) == (first, "blue_green")
     _finish(borrowed, back.json()["id"], "succeeded")
     served = _check(load.since(start), texts)
-    print(f"rollback r{third} -> r{green}: {served}")
-    assert borrowed.deployment()["revision"]["number"] == green
+    assert served[str(first)], served
+    print(f"rollback (blue-green) r{green} -> r{first}: {served}")
+    assert borrowed.deployment()["revision"]["number"] == first
 
-    # 4. A green that fails its output gate never receives a request.
-    # The seed-1 model, now live, against the base model's reference (the first registered
-    # unquantized variant, the original model): a different model, so the gate fails.
-    failing = _draft(borrowed, gate={"mode": "on"})
+    # 3. A green that fails its output gate never receives a request: the seed-1 model against
+    # the base model's reference (its first registered unquantized variant, the f32 model).
+    failing = _draft(borrowed, variants={"prefill": "tiny/f32-seed1", "decode": "tiny/f32-seed1"},
+                     gate={"mode": "on"})
     start = len(load.answers)
     rollout = _rollout(borrowed, failing, "canary", **CANARY)
     done = _finish(borrowed, rollout["id"], "rolled_back")
