@@ -233,6 +233,11 @@ class RolloutRunner:
         opened = self.windows.get(rollout.pk)
         if opened is not None and now - opened[0] < rollout.analysis["interval_s"]:
             return None
+        if not self._router_ready(rollout.deployment):
+            # No router, no traffic to judge (the supervisor restarts it); the window starts
+            # again with the router's new counters.
+            self.windows.pop(rollout.pk, None)
+            return None
         scrape = self._scrape(rollout.deployment)
         self.windows[rollout.pk] = (now, scrape)
         if opened is None:

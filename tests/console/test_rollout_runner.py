@@ -1,0 +1,135 @@
+"""The supervisor's rollout runner over stored state alone: each step reads the rollout's row and
+the process table and does what the state asks, so a new supervisor goes on where the last one
+stopped. No router runs here (the runner then has nothing to drain); the live rollout test
+(tests/e2e/test_rollouts_live.py) runs it against real workers and a real router."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from console.catalog.models import Variant
+from console.control.rollout_runner import RolloutRunner
+from console.control.worker_specs import green_specs, kv_storage_path, process_specs
+from console.deployments.models import Deployment
+from console.rollouts import revisions, services
+from console.rollouts.models import Revision, Rollout
+from console.supervisor.models import ManagedProcess
+from tests.console.tiny_models import make_plan, make_startable, register
+
+State = Rollout.State
+READY = ManagedProcess.State.READY
+
+
+@pytest.fixture
+def rollout(db: None, tmp_path: Path) -> Rollout:
+    deployment = make_startable(make_plan(tmp_path))
+    Deployment.objects.filter(pk=deployment.pk).update(
+        desired_state=Deployment.DesiredState.RUNNING)
+    deployment.refresh_from_db()
+    revisions.ensure_live(deployment)
+    for worker in deployment.workers.all():
+        ManagedProcess.objects.create(deployment=deployment, slot=worker.slot, role=worker.role,
+                                      port=worker.port, state=READY, log_path="/dev/null")
+    green = register(deployment.base_model, tmp_path, "green")
+    draft, _ = revisions.create_draft(deployment, {"gate_mode": "off"},
+                                      {"prefill": green, "decode": green}, None)
+    return services.start(deployment, draft, "canary", None,
+                          steps=[{"weight": 10, "hold_s": 0}, {"weight": 100, "hold_s": 0}],
+                          scale_down_delay_s=0)
+
+
+def _green_ready(rollout: Rollout) -> None:
+    for spec in green_specs(rollout.deployment, rollout):
+        ManagedProcess.objects.create(deployment=rollout.deployment, slot=spec.slot,
+                                      role=spec.role, port=spec.port, state=READY,
+                                      log_path="/dev/null")
+
+
+def _step(rollout: Rollout) -> Rollout:
+    RolloutRunner().step({})  # a new runner each time: nothing is kept between supervisors
+    rollout.refresh_from_db()
+    return rollout
+
+
+def test_green_runs_beside_blue_on_its_own_slots_ports_and_kv_directory(rollout: Rollout) -> None:
+    deployment = rollout.deployment
+    specs = green_specs(deployment, rollout)
+    assert sorted(s.slot for s in specs) == ["decode-0@r2", "prefill-0@r2"]
+    blue = {s.port for s in process_specs(deployment)}
+    assert not {s.port for s in specs} & blue
+    green_argv = " ".join(specs[0].argv)
+    assert str(kv_storage_path(deployment, 2)) in green_argv
+    assert str(kv_storage_path(deployment, 1)) not in green_argv
+    assert "/green" in green_argv  # the revision's variant
+    router = next(s for s in process_specs(deployment) if s.slot == "router")
+    assert router.argv[router.argv.index("--revision") + 1] == "1"
+
+
+def test_a_new_runner_takes_a_stored_rollout_to_the_end_and_the_plan_becomes_green(
+        rollout: Rollout) -> None:
+    assert _step(rollout).state == State.STARTING  # green not ready yet
+    _green_ready(rollout)
+    rollout = _step(rollout)
+    assert (rollout.state, rollout.weights) == (State.STEPPING, {"1": 90, "2": 10})
+    # Step 1 of 2 is held until an analysis window passes: none can without a router.
+    assert _step(rollout).state == State.STEPPING
+    services.promote(rollout)
+    rollout = _step(rollout)  # the promoted step's weights
+    rollout = _step(rollout)  # 100%: warm
+    assert (rollout.state, rollout.weights) == (State.WARM, {"1": 0, "2": 100})
+    rollout = _step(rollout)
+    assert rollout.state == State.DRAINING
+    green_ports = {slot: ports["port"] for slot, ports in rollout.green_ports.items()}
+    rollout = _step(rollout)
+    assert rollout.state == State.SUCCEEDED
+    deployment = Deployment.objects.get(pk=rollout.deployment_id)
+    assert {w.slot: w.port for w in deployment.workers.all()} == green_ports
+    assert {w.variant.name for w in deployment.workers.all()} == {"green"}
+    # The slots swapped: green's processes are the plan's now, blue's are r1's (to stop).
+    slots = dict(ManagedProcess.objects.filter(deployment=deployment).values_list("slot", "port"))
+    assert set(slots) == {"prefill-0", "decode-0", "prefill-0@r1", "decode-0@r1"}
+    assert (slots["prefill-0"], slots["decode-0"]) == (green_ports["prefill-0"],
+                                                       green_ports["decode-0"])
+    assert not {slots["prefill-0@r1"], slots["decode-0@r1"]} & set(green_ports.values())
+    assert dict(deployment.revisions.values_list("number", "state")) == {
+        1: Revision.State.RETIRED, 2: Revision.State.LIVE}
+    states = list(rollout.transitions.values_list("to_state", flat=True))
+    assert states == ["starting", "stepping", "stepping", "stepping", "warm", "draining",
+                      "succeeded"]
+    # The next start of the same plan is the same revision.
+    assert revisions.ensure_live(deployment).number == 2
+
+
+def test_a_green_that_does_not_start_in_time_is_rolled_back(rollout: Rollout) -> None:
+    Rollout.objects.filter(pk=rollout.pk).update(
+        state_since=timezone.now() - timedelta(seconds=rollout.start_timeout_s + 1))
+    rollout = _step(rollout)
+    assert rollout.state == State.ROLLING_BACK
+    assert "did not become ready" in rollout.reason
+    rollout = _step(rollout)
+    assert rollout.state == State.ROLLED_BACK
+    assert rollout.to_revision.state == Revision.State.FAILED
+    # Blue stays the plan; green's workers leave the reconcile.
+    assert revisions.live(rollout.deployment).number == 1
+    assert RolloutRunner().specs(rollout.deployment) == []
+
+
+def test_a_revision_that_wants_the_gate_goes_through_it_first(rollout: Rollout,
+                                                              tmp_path: Path) -> None:
+    services.rollback(rollout)
+    _step(rollout)
+    green = Variant.objects.get(name="green")
+    draft, _ = revisions.create_draft(rollout.deployment, {"gate_mode": "on"},
+                                      {"prefill": green, "decode": green}, None)
+    gated = services.start(rollout.deployment, draft, "canary", None)
+    _green_ready(gated)
+    runner = RolloutRunner()
+    runner.stopping.set()  # the gate's thread ends at once, as in a stopping supervisor
+    runner.step({})
+    gated.refresh_from_db()
+    assert gated.state == State.GATING
+    assert gated.weights == {"1": 100, str(draft.number): 0}
