@@ -84,7 +84,7 @@ def memory_fit(plan: PlanView) -> Verdict:
     own = [estimate(plan.deployment, w) for w in plan.workers]
     others = [estimate(w.deployment, w) for w in plan.neighbours]
     for node in {w.node_id: w.node for w in plan.workers}.values():
-        finding, line = _node_fit(node, [e for e in own if e.worker.node_id == node.pk],
+        finding, line = node_fit(node, [e for e in own if e.worker.node_id == node.pk],
                                   [e for e in others if e.worker.node_id == node.pk])
         lines.append(line)
         if finding:
@@ -119,7 +119,7 @@ def _kv_capacity(plan: PlanView, worker: WorkerPlan) -> tuple[Finding | None, st
     return None, line
 
 
-def _node_fit(node: Node, own: list[Estimate],
+def node_fit(node: Node, own: list[Estimate],
               others: list[Estimate]) -> tuple[Finding | None, str]:
     usable = int(node.memory_bytes * (1 - HEADROOM))
     # GPU workers keep weights and KV cache on the GPU; their host side is the runtime alone.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import sys
 import tempfile
@@ -11,10 +10,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from console.catalog.models import Variant
 from console.checks.suite import enforce_handshake_compat
 from console.deployments.models import Deployment, WorkerPlan
-from console.fleet.services import local_node
 from console.gateway.router_admin import admin_token
 from console.gateway.services import write_keys_file
 from console.rollouts import revisions
@@ -197,23 +194,10 @@ def green_slot(slot: str, revision: Revision) -> str:
 def green_workers(deployment: Deployment, rollout: Rollout) -> list[WorkerPlan]:
     """The rollout's green workers as unsaved plan rows: the revision's settings and variants,
     laid out as the plan lays its roles out, on the ports chosen for the rollout."""
-    spec = rollout.to_revision.spec
-    shadow = copy.copy(deployment)
-    for name in revisions.FIELDS:
-        setattr(shadow, name, spec[name])
-    variants = {v.pk: v for v in Variant.objects.filter(
-        pk__in=[pool["variant"] for pool in spec["pools"].values()])}
-    workers = []
-    for role, instances in revisions.layout(deployment, spec).items():
-        for index, instance in enumerate(instances):
-            ports = rollout.green_ports[f"{role}-{index}"]
-            node = instance.node or local_node()
-            workers.append(WorkerPlan(
-                deployment=shadow, role=role, index=index,
-                variant=variants[spec["pools"][role]["variant"]], node=node,
-                host="127.0.0.1" if node.is_local else node.address, port=ports["port"],
-                side_channel_port=ports["side_channel_port"], cpu_cores=instance.cpu_cores or "",
-                gpu_indices=instance.gpu_indices or "", share_devices=instance.share_devices))
+    workers = revisions.shadow_workers(deployment, rollout.to_revision.spec)
+    for worker in workers:
+        ports = rollout.green_ports[worker.slot]
+        worker.port, worker.side_channel_port = ports["port"], ports["side_channel_port"]
     return workers
 
 

@@ -8,6 +8,7 @@ devices, ports and router policies are not in it: they stay live edits of the pl
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -18,7 +19,7 @@ from django.db.models import Max
 from console.audit.entries import record
 from console.catalog.models import Variant
 from console.checks.suite import Report, run_checks
-from console.deployments.models import Deployment
+from console.deployments.models import Deployment, WorkerPlan
 from console.deployments.plans import (
     POOL_ROLES,
     InstanceInput,
@@ -27,6 +28,7 @@ from console.deployments.plans import (
     save_plan,
     stored_pools,
 )
+from console.fleet.services import local_node
 from console.rollouts.models import Revision
 
 # The router renders chat prompts with one template and checks lengths with one context length
@@ -146,6 +148,28 @@ def layout(deployment: Deployment, spec: dict[str, Any]) -> dict[str, list[Insta
                                           share_devices=i["share_devices"])
                             for i in pool["instances"]]
     return placed
+
+
+def shadow_workers(deployment: Deployment, spec: dict[str, Any]) -> list[WorkerPlan]:
+    """``spec``'s workers laid out as the plan lays its roles out, unsaved and without ports, on
+    a copy of the deployment that carries the spec's settings (what launching and the memory
+    estimate read)."""
+    shadow = copy.copy(deployment)
+    for name in FIELDS:
+        setattr(shadow, name, spec[name])
+    variants = {v.pk: v for v in Variant.objects.filter(
+        pk__in=[pool["variant"] for pool in spec["pools"].values()])}
+    workers = []
+    for role, instances in layout(deployment, spec).items():
+        for index, instance in enumerate(instances):
+            node = instance.node or local_node()
+            workers.append(WorkerPlan(
+                deployment=shadow, role=role, index=index,
+                variant=variants[spec["pools"][role]["variant"]], node=node,
+                host="127.0.0.1" if node.is_local else node.address,
+                cpu_cores=instance.cpu_cores or "", gpu_indices=instance.gpu_indices or "",
+                share_devices=instance.share_devices))
+    return workers
 
 
 def create_draft(deployment: Deployment, fields: dict[str, Any], variants: dict[str, Variant],
