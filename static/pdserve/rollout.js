@@ -45,6 +45,7 @@
 
   function showState(r) {
     text("rollout-state", r.state);
+    text("paused-from", r.paused_from ? "(from " + r.paused_from + ")" : "");
     text("rollout-reason", r.reason || "");
     const step = (r.steps || [])[r.step_index];
     text("rollout-step", (r.step_index + 1) + " of " + (r.steps || []).length +
@@ -54,7 +55,8 @@
     if (b) b.style.width = blue + "%";
     if (g) g.style.width = green + "%";
     text("weight-text", "blue r" + r.blue + " " + blue + "% · green r" + r.green + " " + green + "%");
-    text("rollout-failures", String(r.failures));
+    const failures = document.getElementById("rollout-failures");
+    if (failures) failures.textContent = r.failures + " (limit " + failures.dataset.limit + ")";
     const gate = document.querySelector("#check-gate .verdict");
     if (gate) gate.textContent = (r.gate && r.gate.state) || "not run";
     document.querySelectorAll("#rollout-actions form").forEach(function (form) {
