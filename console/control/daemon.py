@@ -105,7 +105,8 @@ class Supervisor(ProcessEngine):
         self.prepared &= {d.pk for d in running}
         for deployment in running:
             # A rollout's green workers run beside the plan's, under slots of their own.
-            specs = process_specs(deployment) + self.rollouts.specs(deployment)
+            specs = (process_specs(deployment, self.rollouts.held_back(deployment))
+                     + self.rollouts.specs(deployment))
             if router_hold(deployment):
                 specs = [spec for spec in specs if spec.role != "router"]
             fresh_start = deployment.pk not in self.prepared

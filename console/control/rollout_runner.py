@@ -42,7 +42,7 @@ from console.deployments.plans import save_plan
 from console.gateway.router_admin import AdminUnreadable, admin_get, admin_headers, admin_url
 from console.quality.gates import evaluate
 from console.quality.models import GateResult
-from console.rollouts import analysis, revisions
+from console.rollouts import analysis, revisions, services
 from console.rollouts.machine import broadcast, move
 from console.rollouts.models import AnalysisRun, Revision, Rollout
 from console.supervisor.engine import Child
@@ -51,9 +51,10 @@ from inference.output_gate import Thresholds
 
 log = logging.getLogger("pdserve.rollouts")
 State = Rollout.State
+Strategy = Rollout.Strategy
 ADMIN_TIMEOUT_S = 2.0
-# The states in which green's group is in the router.
-WHILE_ROUTING = (State.STEPPING, State.WARM, State.DRAINING, State.ROLLING_BACK)
+# The states in which the router's groups and weights follow the stored ones.
+WHILE_ROUTING = (State.RELEASING, State.STEPPING, State.WARM, State.DRAINING, State.ROLLING_BACK)
 
 
 @dataclass
@@ -66,11 +67,32 @@ class RolloutRunner:
 
     # ---- what the reconcile runs -------------------------------------------------------
     def specs(self, deployment: Deployment) -> list[ProcessSpec]:
-        """Green's process specs while its rollout needs green's workers up."""
+        """Green's process specs while its rollout needs green's workers up (in place: the
+        pairs green holds now)."""
         rollout = _active(deployment)
         if rollout is None:
             return []
+        if rollout.strategy == Strategy.IN_PLACE:
+            return green_specs(deployment, rollout, set(rollout.units.get("green", [])))
         return green_specs(deployment, rollout)
+
+    @staticmethod
+    def held_back(deployment: Deployment) -> frozenset[str]:
+        """In place: the plan's slots green holds or that are changing hands."""
+        rollout = _active(deployment)
+        if rollout is None or rollout.strategy != Strategy.IN_PLACE:
+            return frozenset()
+        taken = set(rollout.units.get("green", []))
+        transit = rollout.units.get("transit")
+        if transit is not None:
+            # Going forward, blue's pair drains and stops; rolling back, it starts again once
+            # green's copy of it has stopped (the two share ports).
+            green_gone = rollout.state == State.ROLLING_BACK and not RolloutRunner._alive(
+                rollout, [f"{w.slot}@r{rollout.green.number}"
+                          for w in deployment.workers.filter(index=transit)])
+            if not green_gone:
+                taken.add(transit)
+        return frozenset(w.slot for w in deployment.workers.all() if w.index in taken)
 
     # ---- the tick ------------------------------------------------------------------------
     def step(self, children: dict[int, Child]) -> bool:
@@ -96,6 +118,10 @@ class RolloutRunner:
 
     def _advance(self, rollout: Rollout, children: dict[int, Child]) -> bool:
         state = rollout.state
+        if rollout.strategy == Strategy.IN_PLACE and state in (State.RELEASING,
+                                                                State.ROLLING_BACK):
+            return (self._releasing(rollout) if state == State.RELEASING
+                    else self._in_place_back(rollout))
         if state == State.STARTING:
             return self._starting(rollout)
         if state == State.GATING:
@@ -122,8 +148,8 @@ class RolloutRunner:
                 move(rollout, State.GATING, "green's workers are ready; the output gate scores "
                      "them before any traffic", gate={"state": GateResult.State.QUEUED})
             else:
-                self._enter_step(rollout, 0, "green's workers are ready; the revision's gate is "
-                                             "off")
+                self._enter_step(rollout, rollout.step_index, "green's workers are ready; the "
+                                                              "revision's gate is off")
             return True
         if waited > rollout.start_timeout_s:
             detail = ", ".join(f"{slot} {state}" for slot, state in sorted(states.items()))
@@ -138,7 +164,7 @@ class RolloutRunner:
         if gate.get("state") in (GateResult.State.PASSED, GateResult.State.FAILED,
                                  GateResult.State.ERROR):
             if gate["state"] == GateResult.State.PASSED:
-                self._enter_step(rollout, 0, "green passed the output gate")
+                self._enter_step(rollout, rollout.step_index, "green passed the output gate")
             else:
                 what = "failed" if gate["state"] == GateResult.State.FAILED else "could not run"
                 detail = "; ".join(gate.get("report", {}).get("reasons", [])) or gate.get("error", "")
@@ -163,6 +189,12 @@ class RolloutRunner:
             self._enter_step(rollout, rollout.step_index, rollout.reason)
             return True
         self._sync_router(rollout)
+        in_place = rollout.strategy == Strategy.IN_PLACE
+        if step["weight"] >= 100 and in_place:
+            # Blue has no pair left to keep warm or compare with.
+            self._delete_group(rollout, rollout.blue.label)
+            move(rollout, State.DRAINING, "green holds every pair; blue's group drains")
+            return True
         if step["weight"] >= 100:
             weights = {rollout.blue.label: 0, rollout.green.label: 100}
             move(rollout, State.WARM, f"green takes all the traffic; blue stays warm for "
@@ -173,6 +205,12 @@ class RolloutRunner:
         if verdict == analysis.FAIL and self._failed_too_often(rollout):
             return True
         held = (timezone.now() - rollout.step_since).total_seconds() >= step.get("hold_s", 0)
+        if held and self._last_verdict(rollout) == analysis.PASS and in_place:
+            move(rollout, State.RELEASING, f"pair {rollout.step_index + 1} held "
+                 f"{step.get('hold_s', 0)} s and its analysis passed; blue's pair "
+                 f"{rollout.step_index + 2} drains and stops for green's",
+                 step_index=rollout.step_index + 1, step_since=None)
+            return True
         if held and self._last_verdict(rollout) == analysis.PASS:
             self._enter_step(rollout, rollout.step_index + 1,
                              f"step {rollout.step_index + 1} held {step.get('hold_s', 0)} s and "
@@ -214,6 +252,103 @@ class RolloutRunner:
                  f"everything; green's workers stop ({rollout.reason})"[:1000])
         self.windows.pop(rollout.pk, None)
         return True
+
+    # ---- in place ---------------------------------------------------------------------------
+    def _releasing(self, rollout: Rollout) -> bool:
+        """Blue's pair ``step_index`` drains and stops (the reconcile leaves it out, the pool
+        sync drains it), then green's starts on its ports."""
+        unit = rollout.step_index
+        units = dict(rollout.units)
+        if units.get("transit") != unit:
+            units["transit"] = unit
+            weights = self._capacity_weights(rollout, units)
+            Rollout.objects.filter(pk=rollout.pk).update(units=units, weights=weights)
+            rollout.units, rollout.weights = units, weights
+            self._sync_router(rollout)
+            return True
+        if self._alive(rollout, self._blue_slots(rollout, unit)):
+            return False
+        units = {"green": sorted({*units.get("green", []), unit}), "transit": None}
+        move(rollout, State.STARTING, f"blue's pair {unit + 1} stopped; green's starts on its "
+             "ports", units=units)
+        return True
+
+    def _in_place_back(self, rollout: Rollout) -> bool:
+        """Rolling back in place: pair by pair from the last green took, green's drains and
+        stops and blue's starts again on its ports; one pair at least serves throughout."""
+        units = dict(rollout.units)
+        green = list(units.get("green", []))
+        transit = units.get("transit")
+        if transit is not None and transit not in green:
+            if self._alive(rollout, self._green_slots(rollout, transit)):
+                return False
+            if not self._ready(rollout, self._blue_slots(rollout, transit)):
+                return False  # blue's pair is back in the plan's reconcile: wait until it serves
+            units = {"green": green, "transit": None}
+            weights = self._capacity_weights(rollout, units)
+            Rollout.objects.filter(pk=rollout.pk).update(units=units, weights=weights)
+            rollout.units, rollout.weights = units, weights
+            self._put_router_weights(rollout)
+            return True
+        if green:
+            unit = max(green)
+            units = {"green": [u for u in green if u != unit], "transit": unit}
+            weights = self._capacity_weights(rollout, units)
+            Rollout.objects.filter(pk=rollout.pk).update(units=units, weights=weights)
+            rollout.units, rollout.weights = units, weights
+            self._put_router_weights(rollout)
+            self._remove_members(rollout, self._green_urls(rollout, unit))
+            return True
+        return self._rolling_back(rollout)
+
+    def _capacity_weights(self, rollout: Rollout, units: dict[str, Any]) -> dict[str, int]:
+        """Each colour's share of the pairs that serve (the one in transit serves neither)."""
+        total = len(services.pairs(rollout.deployment))
+        green = len(units.get("green", []))
+        blue = total - green - (1 if units.get("transit") is not None else 0)
+        if green + blue == 0:
+            return dict(rollout.weights)
+        return {rollout.blue.label: round(100 * blue / (green + blue)),
+                rollout.green.label: round(100 * green / (green + blue))}
+
+    def _put_router_weights(self, rollout: Rollout) -> None:
+        if not self._router_ready(rollout.deployment):
+            return
+        groups = self._groups(rollout.deployment)
+        wanted = {label: weight for label, weight in rollout.weights.items()
+                  if label in groups and groups[label]["state"] != "draining"}
+        if wanted:
+            self._put_weights(rollout.deployment, wanted)
+
+    def _remove_members(self, rollout: Rollout, urls: list[tuple[str, str]]) -> None:
+        if not self._router_ready(rollout.deployment):
+            return
+        for role, url in urls:
+            self._admin("DELETE", rollout.deployment, "/backends",
+                        params={"role": role, "url": url, "revision": rollout.green.label})
+
+    @staticmethod
+    def _blue_slots(rollout: Rollout, unit: int) -> list[str]:
+        return [w.slot for w in rollout.deployment.workers.filter(index=unit)]
+
+    def _green_slots(self, rollout: Rollout, unit: int) -> list[str]:
+        return [green_slot(slot, rollout.green) for slot in self._blue_slots(rollout, unit)]
+
+    @staticmethod
+    def _green_urls(rollout: Rollout, unit: int) -> list[tuple[str, str]]:
+        return [(w.role, w.url) for w in green_workers(rollout.deployment, rollout)
+                if w.index == unit]
+
+    @staticmethod
+    def _alive(rollout: Rollout, slots: list[str]) -> bool:
+        return ManagedProcess.objects.filter(deployment=rollout.deployment_id, slot__in=slots,
+                                             state__in=ManagedProcess.ALIVE_STATES).exists()
+
+    @staticmethod
+    def _ready(rollout: Rollout, slots: list[str]) -> bool:
+        return ManagedProcess.objects.filter(
+            deployment=rollout.deployment_id, slot__in=slots,
+            state=ManagedProcess.State.READY).count() == len(slots)
 
     # ---- steps and analysis --------------------------------------------------------------
     def _enter_step(self, rollout: Rollout, index: int, reason: str) -> None:
@@ -299,6 +434,8 @@ class RolloutRunner:
             spec = rollout.green.spec
             candidates: dict[str, str] = {}
             for worker in green_workers(rollout.deployment, rollout):
+                if rollout.strategy == Strategy.IN_PLACE and worker.index != rollout.step_index:
+                    continue  # in place, each pair is gated as it comes up
                 candidates.setdefault(f"{worker.role} {worker.variant.name}", worker.url)
             log_path = (Path(settings.PDSERVE_LOG_DIR) / rollout.deployment.name
                         / f"rollout-{rollout.pk}-gate-reference.log")
@@ -378,9 +515,12 @@ class RolloutRunner:
             return
         groups = self._groups(deployment)
         green = rollout.green.label
-        if green not in groups:
+        if green not in groups and self._serving_green(rollout):
             self._add_group(rollout)
             groups = self._groups(deployment)
+        elif green in groups and rollout.strategy == Strategy.IN_PLACE and (
+                rollout.state != State.ROLLING_BACK):
+            self._join_green_members(rollout, groups[green])
         wanted = {label: weight for label, weight in rollout.weights.items()
                   if label in groups and groups[label]["state"] != "draining"}
         current = {label: groups[label]["weight"] for label in wanted}
@@ -390,7 +530,7 @@ class RolloutRunner:
     def _add_group(self, rollout: Rollout) -> None:
         deployment = rollout.deployment
         pools: dict[str, list[str]] = {}
-        for worker in green_workers(deployment, rollout):
+        for worker in self._serving_green(rollout):
             pools.setdefault(worker.role, []).append(worker.url)
         body = {"revision": rollout.green.label, "mode": rollout.green.spec["mode"],
                 "weight": 0, **pools}
@@ -398,6 +538,27 @@ class RolloutRunner:
         if response.status_code not in (201, 409):
             raise AdminUnreadable(f"POST /admin/groups: {response.status_code} "
                                   f"{response.text[:300]}")
+
+    def _serving_green(self, rollout: Rollout) -> list[Any]:
+        """Green's workers that take traffic: all, or in place the pairs green holds."""
+        workers = green_workers(rollout.deployment, rollout)
+        if rollout.strategy != Strategy.IN_PLACE:
+            return workers
+        held = set(rollout.units.get("green", []))
+        return [w for w in workers if w.index in held]
+
+    def _join_green_members(self, rollout: Rollout, group: dict[str, Any]) -> None:
+        """In place, a pair green took since its group was made joins it."""
+        present = {(role, b["url"]) for role, pool in group["roles"].items()
+                   for b in pool["backends"]}
+        for worker in self._serving_green(rollout):
+            if (worker.role, worker.url) in present:
+                continue
+            response = self._admin("POST", rollout.deployment, "/backends", json={
+                "role": worker.role, "url": worker.url, "revision": rollout.green.label})
+            if response.status_code not in (201, 409):
+                raise AdminUnreadable(f"POST /admin/backends: {response.status_code} "
+                                      f"{response.text[:300]}")
 
     def _put_weights(self, deployment: Deployment, weights: dict[str, int]) -> None:
         response = self._admin("PUT", deployment, "/groups/weights", json={"weights": weights})
@@ -461,6 +622,9 @@ class RolloutRunner:
     # ---- helpers ---------------------------------------------------------------------------
     @staticmethod
     def _rollback_weights(rollout: Rollout) -> dict[str, int]:
+        if rollout.strategy == Strategy.IN_PLACE:
+            # Green keeps its pairs' share until each is handed back (_in_place_back).
+            return dict(rollout.weights)
         return {rollout.blue.label: 100, rollout.green.label: 0}
 
     @staticmethod

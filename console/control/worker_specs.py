@@ -162,8 +162,12 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan],
     return argv
 
 
-def process_specs(deployment: Deployment) -> list[ProcessSpec]:
-    workers = list(deployment.workers.select_related("variant", "node").order_by("role", "index"))
+def process_specs(deployment: Deployment,
+                  held_back: frozenset[str] = frozenset()) -> list[ProcessSpec]:
+    """The plan's processes. ``held_back``: slots an in-place rollout has given to green's
+    workers (on the same ports): neither run, nor put in the router's live group."""
+    workers = [w for w in deployment.workers.select_related("variant", "node").order_by("role", "index")
+               if w.slot not in held_back]
     # NIXL's path check goes off only where the plan checks proved the caches compatible.
     handshake_compat = enforce_handshake_compat(deployment)
     chat_template = write_chat_template(deployment)
@@ -201,8 +205,10 @@ def green_workers(deployment: Deployment, rollout: Rollout) -> list[WorkerPlan]:
     return workers
 
 
-def green_specs(deployment: Deployment, rollout: Rollout) -> list[ProcessSpec]:
-    workers = green_workers(deployment, rollout)
+def green_specs(deployment: Deployment, rollout: Rollout,
+                units: set[int] | None = None) -> list[ProcessSpec]:
+    """Green's process specs; ``units``: only the pairs of these indexes (in place)."""
+    workers = [w for w in green_workers(deployment, rollout) if units is None or w.index in units]
     # One variant everywhere: NIXL's check stays on. Different ones passed the KV checks when
     # the rollout was made (it is refused otherwise), as a plan's do before it may start.
     handshake_compat = len({w.variant.pk for w in workers}) == 1

@@ -21,12 +21,15 @@ SUPERVISOR = "supervisor"
 
 # Which states each state may go to; anything else is a bug, refused loudly.
 ALLOWED: dict[str, frozenset[str]] = {
+    State.RELEASING: frozenset({State.STARTING, State.PAUSED, State.ROLLING_BACK}),
     # To stepping straight away when the revision's gate is off.
     State.STARTING: frozenset({State.GATING, State.STEPPING, State.PAUSED, State.ROLLING_BACK}),
     State.GATING: frozenset({State.STEPPING, State.PAUSED, State.ROLLING_BACK}),
-    State.STEPPING: frozenset({State.STEPPING, State.WARM, State.PAUSED, State.ROLLING_BACK}),
-    State.PAUSED: frozenset({State.STARTING, State.GATING, State.STEPPING, State.WARM,
-                             State.ROLLING_BACK}),
+    # In place, a step ends by releasing blue's next pair, or (the last) by draining blue.
+    State.STEPPING: frozenset({State.STEPPING, State.RELEASING, State.WARM, State.DRAINING,
+                               State.PAUSED, State.ROLLING_BACK}),
+    State.PAUSED: frozenset({State.RELEASING, State.STARTING, State.GATING, State.STEPPING,
+                             State.WARM, State.ROLLING_BACK}),
     State.WARM: frozenset({State.DRAINING, State.PAUSED, State.ROLLING_BACK}),
     State.DRAINING: frozenset({State.SUCCEEDED}),
     State.ROLLING_BACK: frozenset({State.ROLLED_BACK}),

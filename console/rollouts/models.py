@@ -52,6 +52,7 @@ class Rollout(models.Model):
         IN_PLACE = "in_place", "in place (one prefill+decode pair at a time)"
 
     class State(models.TextChoices):
+        RELEASING = "releasing"      # in place: blue's next pair drains and stops for green's
         STARTING = "starting"        # green's workers start beside blue's
         GATING = "gating"            # the output gate runs on green, before any traffic
         STEPPING = "stepping"        # green holds the current step's weight; analysis runs
@@ -62,7 +63,7 @@ class Rollout(models.Model):
         SUCCEEDED = "succeeded"
         ROLLED_BACK = "rolled_back"
 
-    ACTIVE_STATES = (State.STARTING, State.GATING, State.STEPPING, State.PAUSED, State.WARM,
+    ACTIVE_STATES = (State.RELEASING, State.STARTING, State.GATING, State.STEPPING, State.PAUSED, State.WARM,
                      State.DRAINING, State.ROLLING_BACK)
     DONE_STATES = (State.SUCCEEDED, State.ROLLED_BACK)
 
@@ -86,8 +87,12 @@ class Rollout(models.Model):
     scale_down_delay_s = models.PositiveIntegerField(default=30)
     drain_timeout_s = models.PositiveIntegerField(default=120)
     start_timeout_s = models.PositiveIntegerField(default=600)
-    # Green's workers: slot -> {"port", "side_channel_port"}, chosen when the rollout is made.
+    # Green's workers: slot -> {"port", "side_channel_port"}, chosen when the rollout is made
+    # (in place: blue's own, freed pair by pair).
     green_ports = models.JSONField(default=dict)
+    # In place: which pairs (by index) green's workers hold now ("green"), and the pair between
+    # the two ("transit": neither runs it; the one leaving drains and stops first).
+    units = models.JSONField(default=dict, blank=True)
     # The output gate on green: {"state", "report", "error"} once it ran.
     gate = models.JSONField(default=dict, blank=True)
     reason = models.CharField(max_length=1000, blank=True, help_text="why the last transition")

@@ -14,7 +14,7 @@ from django.utils import timezone
 from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
 from console.fleet.services import local_node
-from console.rollouts import revisions
+from console.rollouts import capacity, revisions
 from console.rollouts.machine import TransitionRefused, move
 from console.rollouts.models import Revision, Rollout
 
@@ -115,6 +115,45 @@ def green_ports(deployment: Deployment, spec: dict[str, Any]) -> dict[str, dict[
     return ports
 
 
+def pairs(deployment: Deployment) -> list[list[str]]:
+    """The plan's units of an in-place rollout: prefill-k with decode-k (or one colocated
+    worker), in index order."""
+    slots: dict[int, list[str]] = {}
+    for worker in deployment.workers.order_by("index", "role"):
+        slots.setdefault(worker.index, []).append(worker.slot)
+    return [slots[index] for index in sorted(slots)]
+
+
+def in_place_steps(deployment: Deployment, revision: Revision, steps: Any) -> list[dict[str, Any]]:
+    """One step a pair: after k of n pairs run green, green takes k/n of the traffic, its share
+    of the capacity. ``steps`` may only set each step's hold."""
+    if revision.spec["mode"] != deployment.mode:
+        raise RolloutRefused("in place, green's workers take blue's slots one pair at a time: "
+                             "a topology switch needs blue_green or canary", "strategy")
+    units = pairs(deployment)
+    roles = {tuple(sorted(slot.split("-")[0] for slot in unit)) for unit in units}
+    if len(units) < 2 or len(roles) != 1:
+        raise RolloutRefused(
+            f"in place needs at least two whole pairs (prefill-k with decode-k), so that one "
+            f"serves while the other restarts; {deployment.name} has "
+            f"{', '.join('+'.join(unit) for unit in units)}: add a pair first (instance counts "
+            "are live edits), or stop, edit and start", "strategy")
+    holds = [60] * len(units)
+    if steps is not None:
+        if not isinstance(steps, list) or len(steps) != len(units):
+            raise ValidationError({"steps": f"in place has one step per pair ({len(units)}); "
+                                             "only their hold_s may be set"})
+        holds = [step.get("hold_s", 60) if isinstance(step, dict) else step for step in steps]
+    return [{"weight": round(100 * (k + 1) / len(units)), "hold_s": hold}
+            for k, hold in enumerate(holds)]
+
+
+def blue_ports(deployment: Deployment) -> dict[str, dict[str, int]]:
+    """In place, green's workers take blue's ports as blue's pairs stop."""
+    return {w.slot: {"port": w.port, "side_channel_port": w.side_channel_port}
+            for w in deployment.workers.all()}
+
+
 def start(deployment: Deployment, revision: Revision, strategy: str,
           user: AbstractBaseUser | None, *, steps: Any = None, analysis: Any = None,
           scale_down_delay_s: int = 30, drain_timeout_s: int = 120) -> Rollout:
@@ -122,9 +161,6 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
     if strategy not in Strategy.values:
         raise RolloutRefused(f"unknown strategy {strategy!r}; one of {', '.join(Strategy.values)}",
                              "strategy")
-    if strategy == Strategy.IN_PLACE:
-        raise RolloutRefused("the in-place strategy is not built yet: use blue_green or canary "
-                             "(see the README's Rollouts section)", "strategy")
     if revision.deployment_id != deployment.pk:
         raise RolloutRefused(f"revision r{revision.number} belongs to another deployment",
                              "revision")
@@ -133,6 +169,8 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
                              "edited in place and its next start runs it")
     if strategy == Strategy.BLUE_GREEN:
         steps = [{"weight": 100, "hold_s": 0}] if steps is None else steps
+    if strategy == Strategy.IN_PLACE:
+        steps = in_place_steps(deployment, revision, steps)
     steps = validate_steps(DEFAULT_CANARY_STEPS if steps is None else steps)
     checked = validate_analysis(analysis)
     with transaction.atomic():
@@ -147,13 +185,23 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
         if not report.ok:
             errors = "; ".join(f"{o.check_id}: {o.message}" for o in report.errors)
             raise RolloutRefused(f"green's pre-flight checks failed: {errors}", "revision")
+        in_place = strategy == Strategy.IN_PLACE
+        if not in_place:
+            fits, arithmetic = capacity.second_copy_fits(deployment, revision.spec)
+            if not fits:
+                raise RolloutRefused(
+                    f"a second copy does not fit beside the live one ({arithmetic}): use the "
+                    "in_place strategy, which replaces one prefill+decode pair at a time",
+                    "strategy")
+        first = State.RELEASING if in_place else State.STARTING
         rollout = Rollout.objects.create(
             deployment=deployment, from_revision=blue, to_revision=revision, strategy=strategy,
-            steps=steps, analysis=checked, scale_down_delay_s=scale_down_delay_s,
+            steps=steps, analysis=checked, scale_down_delay_s=0 if in_place else scale_down_delay_s,
             drain_timeout_s=drain_timeout_s, weights={blue.label: 100, revision.label: 0},
-            green_ports=green_ports(deployment, revision.spec), state=State.STARTING,
-            state_since=timezone.now(), created_by=user)
-        move(rollout, State.STARTING, f"{user.get_username() if user else 'a command'} started "
+            green_ports=(blue_ports(deployment) if in_place
+                         else green_ports(deployment, revision.spec)),
+            state=first, state_since=timezone.now(), created_by=user)
+        move(rollout, first, f"{user.get_username() if user else 'a command'} started "
              f"a {strategy.replace('_', '-')} rollout of r{revision.number} over r{blue.number}")
     return rollout
 
@@ -161,7 +209,8 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
 def pause(rollout: Rollout) -> Rollout:
     if rollout.state == State.PAUSED:
         raise TransitionRefused("the rollout is paused already")
-    if rollout.state not in (State.STARTING, State.GATING, State.STEPPING, State.WARM):
+    if rollout.state not in (State.RELEASING, State.STARTING, State.GATING, State.STEPPING,
+                             State.WARM):
         raise TransitionRefused(f"the rollout is {rollout.state}: nothing to pause")
     return move(rollout, State.PAUSED, "paused by an operator: the weights stay as they are",
                 paused_from=rollout.state)
@@ -182,6 +231,9 @@ def promote(rollout: Rollout) -> Rollout:
             rollout.state == State.PAUSED and rollout.paused_from not in (State.STEPPING, State.WARM)):
         raise TransitionRefused(f"the rollout is {rollout.state}: only a rollout whose green "
                                 "passed its gate and takes traffic can be promoted")
+    if rollout.strategy == Strategy.IN_PLACE:
+        raise TransitionRefused("in place, green takes traffic as its pairs replace blue's: "
+                                "there is nothing to promote to")
     last = len(rollout.steps) - 1
     return move(rollout, State.STEPPING, "promoted by an operator: green takes all the traffic",
                 step_index=last, step_since=None, paused_from="")
@@ -189,12 +241,15 @@ def promote(rollout: Rollout) -> Rollout:
 
 def rollback(rollout: Rollout, reason: str = "rolled back by an operator") -> Rollout:
     """Send green's weight to 0 and drain it; blue serves everything."""
-    if rollout.state not in (State.STARTING, State.GATING, State.STEPPING, State.PAUSED,
-                             State.WARM):
+    if rollout.state not in (State.RELEASING, State.STARTING, State.GATING, State.STEPPING,
+                             State.PAUSED, State.WARM):
         raise TransitionRefused(f"the rollout is {rollout.state}: it cannot be rolled back now"
                                 + ("; roll back to the previous revision instead"
                                    if rollout.state == State.SUCCEEDED else ""))
     blue, green = rollout.from_revision.label, rollout.to_revision.label
+    if rollout.strategy == Strategy.IN_PLACE:
+        # Pair by pair, green's share shrinking as blue's pairs come back (the runner).
+        return move(rollout, State.ROLLING_BACK, reason)
     return move(rollout, State.ROLLING_BACK, reason, weights={blue: 100, green: 0})
 
 

@@ -15,9 +15,12 @@ from console.catalog.models import Variant
 from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import green_specs, kv_storage_path, process_specs
 from console.deployments.models import Deployment
+from console.fleet.models import Node
 from console.rollouts import revisions, services
+from console.rollouts.machine import TransitionRefused
 from console.rollouts.models import Revision, Rollout
 from console.supervisor.models import ManagedProcess
+from tests.console.sockets import free_port
 from tests.console.tiny_models import make_plan, make_startable, register
 
 State = Rollout.State
@@ -133,3 +136,135 @@ def test_a_revision_that_wants_the_gate_goes_through_it_first(rollout: Rollout,
     gated.refresh_from_db()
     assert gated.state == State.GATING
     assert gated.weights == {"1": 100, str(draft.number): 0}
+
+
+@pytest.fixture
+def two_pairs(db: None, tmp_path: Path) -> Deployment:
+    """A running 2-prefill/2-decode plan with its processes ready and a live revision."""
+    deployment = make_startable(make_plan(tmp_path, "tiny-2p2d"))
+    variant = deployment.workers.first().variant
+    for role in ("prefill", "decode"):
+        first = deployment.workers.get(role=role)
+        deployment.workers.create(role=role, index=1, variant=variant, node=first.node,
+                                  port=free_port(), side_channel_port=free_port(),
+                                  cpu_cores=first.cpu_cores, share_devices=True)
+        deployment.workers.filter(role=role).update(share_devices=True)
+    Deployment.objects.filter(pk=deployment.pk).update(
+        desired_state=Deployment.DesiredState.RUNNING)
+    deployment.refresh_from_db()
+    revisions.ensure_live(deployment)
+    for worker in deployment.workers.all():
+        ManagedProcess.objects.create(deployment=deployment, slot=worker.slot, role=worker.role,
+                                      port=worker.port, state=READY, log_path="/dev/null")
+    return deployment
+
+
+def _draft(deployment: Deployment, tmp_path: Path) -> Revision:
+    green = register(deployment.base_model, tmp_path, "green")
+    draft, _ = revisions.create_draft(deployment, {"gate_mode": "off"},
+                                      {"prefill": green, "decode": green}, None)
+    return draft
+
+
+def _set(deployment: Deployment, slots: list[str], state: str) -> None:
+    ManagedProcess.objects.filter(deployment=deployment, slot__in=slots).update(state=state)
+
+
+def _passed(rollout: Rollout) -> None:
+    """An analysis window that passed, as the runner stores one with a router to read."""
+    rollout.analyses.create(step_index=rollout.step_index, window_s=10, verdict="pass")
+
+
+def test_no_room_for_a_second_copy_proposes_in_place_which_replaces_pair_by_pair(
+        two_pairs: Deployment, tmp_path: Path) -> None:
+    draft = _draft(two_pairs, tmp_path)
+    node = two_pairs.workers.first().node
+    Node.objects.filter(pk=node.pk).update(memory_bytes=12 * 2**30)  # 4 workers fit, 8 do not
+    with pytest.raises(services.RolloutRefused, match="in_place") as refused:
+        services.start(two_pairs, draft, "canary", None)
+    assert refused.value.field == "strategy"
+    rollout = services.start(two_pairs, draft, "in_place", None,
+                             steps=[{"hold_s": 0}, {"hold_s": 0}])
+    assert rollout.steps == [{"weight": 50, "hold_s": 0}, {"weight": 100, "hold_s": 0}]
+    blue_ports = {w.slot: w.port for w in two_pairs.workers.all()}
+    assert {slot: p["port"] for slot, p in rollout.green_ports.items()} == blue_ports
+    runner = RolloutRunner()
+
+    # Pair 1: blue's drains and stops, then green's starts on its ports.
+    rollout = _step(rollout)
+    assert rollout.units == {"transit": 0} and rollout.weights == {"1": 100, "2": 0}
+    assert runner.held_back(two_pairs) == {"prefill-0", "decode-0"}
+    assert runner.specs(two_pairs) == []  # green's pair waits for blue's to stop
+    assert _step(rollout).state == State.RELEASING
+    _set(two_pairs, ["prefill-0", "decode-0"], ManagedProcess.State.STOPPED)
+    rollout = _step(rollout)
+    assert (rollout.state, rollout.units) == (State.STARTING, {"green": [0], "transit": None})
+    specs = runner.specs(two_pairs)
+    assert {s.slot: s.port for s in specs} == {"prefill-0@r2": blue_ports["prefill-0"],
+                                               "decode-0@r2": blue_ports["decode-0"]}
+    _green_ready(rollout)
+    rollout = _step(rollout)
+    assert (rollout.state, rollout.weights) == (State.STEPPING, {"1": 50, "2": 50})
+
+    # Pair 2, once pair 1's analysis passed.
+    _passed(rollout)
+    rollout = _step(rollout)
+    assert (rollout.state, rollout.step_index) == (State.RELEASING, 1)
+    rollout = _step(rollout)
+    assert rollout.weights == {"1": 0, "2": 100}  # pair 1 serves alone meanwhile
+    _set(two_pairs, ["prefill-1", "decode-1"], ManagedProcess.State.STOPPED)
+    rollout = _step(rollout)
+    assert rollout.units["green"] == [0, 1]
+    ManagedProcess.objects.filter(deployment=two_pairs, slot__endswith="@r2").update(state=READY)
+    rollout = _step(rollout)
+    assert (rollout.state, rollout.weights) == (State.STEPPING, {"1": 0, "2": 100})
+    rollout = _step(rollout)
+    assert rollout.state == State.DRAINING
+    rollout = _step(rollout)
+    assert rollout.state == State.SUCCEEDED
+    deployment = Deployment.objects.get(pk=two_pairs.pk)
+    assert {w.slot: w.port for w in deployment.workers.all()} == blue_ports  # the same ports
+    assert {w.variant.name for w in deployment.workers.all()} == {"green"}
+    assert runner.held_back(deployment) == frozenset()
+    assert ManagedProcess.objects.get(deployment=deployment, slot="prefill-1").state == READY
+
+
+def test_in_place_rolls_back_pair_by_pair_and_needs_two_pairs(two_pairs: Deployment,
+                                                               tmp_path: Path) -> None:
+    draft = _draft(two_pairs, tmp_path)
+    rollout = services.start(two_pairs, draft, "in_place", None)
+    rollout = _step(rollout)
+    _set(two_pairs, ["prefill-0", "decode-0"], ManagedProcess.State.STOPPED)
+    rollout = _step(rollout)
+    _green_ready(rollout)
+    ManagedProcess.objects.filter(deployment=two_pairs, slot__endswith="@r2").exclude(
+        slot__in=["prefill-0@r2", "decode-0@r2"]).delete()
+    rollout = _step(rollout)
+    assert rollout.state == State.STEPPING
+    with pytest.raises(TransitionRefused):
+        services.promote(rollout)
+    services.rollback(rollout)
+    assert rollout.weights == {"1": 50, "2": 50}  # green keeps its share until handed back
+    runner = RolloutRunner()
+    rollout = _step(rollout)
+    assert rollout.units == {"green": [], "transit": 0}
+    assert rollout.weights == {"1": 100, "2": 0}
+    assert runner.specs(two_pairs) == []  # green's pair stops...
+    assert runner.held_back(two_pairs) == {"prefill-0", "decode-0"}  # ...before blue's starts
+    _set(two_pairs, ["prefill-0@r2", "decode-0@r2"], ManagedProcess.State.STOPPED)
+    assert runner.held_back(two_pairs) == frozenset()
+    assert _step(rollout).state == State.ROLLING_BACK  # blue's pair is not serving yet
+    _set(two_pairs, ["prefill-0", "decode-0"], READY)
+    rollout = _step(rollout)
+    assert rollout.units == {"green": [], "transit": None}
+    rollout = _step(rollout)
+    assert rollout.state == State.ROLLED_BACK
+    assert revisions.live(two_pairs).number == 1
+
+    one_pair = make_startable(make_plan(tmp_path, "tiny-1p1d-b"))
+    Deployment.objects.filter(pk=one_pair.pk).update(desired_state=Deployment.DesiredState.RUNNING)
+    one_pair.refresh_from_db()
+    green = Variant.objects.get(name="green")
+    single, _ = revisions.create_draft(one_pair, {}, {"prefill": green, "decode": green}, None)
+    with pytest.raises(services.RolloutRefused, match="at least two whole pairs"):
+        services.start(one_pair, single, "in_place", None)
