@@ -61,8 +61,7 @@ class DraftForm(forms.Form):
 
 
 class StartForm(forms.Form):
-    strategy = forms.ChoiceField(choices=[c for c in Rollout.Strategy.choices
-                                          if c[0] != Rollout.Strategy.IN_PLACE])
+    strategy = forms.ChoiceField(choices=Rollout.Strategy.choices)
     steps = forms.CharField(required=False, help_text='JSON, e.g. [{"weight": 10, "hold_s": 60}, '
                             '{"weight": 100}]; blank: the default')
 

@@ -63,7 +63,7 @@ class Command(BaseCommand):
         start.add_argument("deployment", metavar="DEPLOYMENT")
         start.add_argument("--revision", type=int, required=True)
         start.add_argument("--strategy", required=True,
-                           choices=[Rollout.Strategy.CANARY, Rollout.Strategy.BLUE_GREEN])
+                           choices=list(Rollout.Strategy.values))
         start.add_argument("--steps", help='JSON: [{"weight": 10, "hold_s": 60}, ...]')
         start.add_argument("--analysis", help="JSON: interval_s, failure_limit, min_requests, "
                                               "metrics")
