@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
-from tests.borrowed import SMOLLM2, Handle
+from tests.borrowed import FACILITY, SMOLLM2, Handle
 from tests.e2e.test_fault_matrix import _wait, up_child
 from tests.tiny_llama import SHARED_TINY, build_tiny_llama
 
@@ -134,6 +135,17 @@ def _quiet_get(handle: Handle, path: str) -> dict[str, Any] | None:
     return response.json() if response.status_code == 200 else None
 
 
+def _memory() -> int:
+    """Resident memory of every process of the borrowed deployment, in bytes."""
+    total = 0
+    for pid in FACILITY.pids():
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
 def _draft(handle: Handle, **body: Any) -> int:
     response = handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/revisions/",
                            json=body)
@@ -179,7 +191,14 @@ def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
             up_child("manage.py supervise").kill()
             killed.append(time.monotonic())
 
-    canary = _finish(borrowed, rollout["id"], "succeeded", during=kill_supervisor_once)
+    peak: list[int] = [_memory()]
+
+    def during(body: dict[str, Any]) -> None:
+        kill_supervisor_once(body)
+        peak[0] = max(peak[0], _memory())
+
+    before = peak[0]
+    canary = _finish(borrowed, rollout["id"], "succeeded", during=during)
     assert killed, "the canary never held green at 30%"
     served = _check(load.since(start), texts)
     assert served[str(first)] and served[str(green)], served
@@ -188,7 +207,11 @@ def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
     assert states[:2] == ["starting", "stepping"] and states[-3:] == ["warm", "draining",
                                                                        "succeeded"], states
     assert any(a["verdict"] == "pass" for a in canary["analyses"]), canary["analyses"]
-    print(f"\ncanary r{first} -> r{green}: {served} (supervisor SIGKILLed mid-rollout)")
+    print(f"\ncanary r{first} -> r{green}: {served} (supervisor SIGKILLed mid-rollout); "
+          f"RSS of the console, workers and router: {before / 2**30:.2f} GiB before, "
+          f"{peak[0] / 2**30:.2f} GiB at most with both colours")
+    for row in canary["transitions"]:
+        print(f"  {row['at']} {row['from_state']} -> {row['to_state']} {row['weights']}")
 
     # 2. One click: back to the previous revision, blue-green.
     start = len(load.answers)
