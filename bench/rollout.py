@@ -144,12 +144,13 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="pdserve-bench-rollout-"))
     try:
         with facility.borrow(root) as handle:
-            other = build_tiny_llama(SMOLLM2, SHARED_TINY.parent / "tiny-llama-2l-seed1", seed=1)
+            other = build_tiny_llama(SMOLLM2, SHARED_TINY.parent / "tiny-llama-2l-untied", seed=1,
+                             tied=False)
             handle.call("POST", "/api/v1/variants/", json={
-                "base_model": "tiny", "name": "f32-seed1", "path": str(other)})
+                "base_model": "tiny", "name": "f32-untied", "path": str(other)})
             draft = handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/revisions/",
-                                json={"variants": {"prefill": "tiny/f32-seed1",
-                                                   "decode": "tiny/f32-seed1"},
+                                json={"variants": {"prefill": "tiny/f32-untied",
+                                                   "decode": "tiny/f32-untied"},
                                       "gate": {"mode": "off"}})
             draft.raise_for_status()
             load = Load(handle.router, handle.served_model_name)

@@ -24,10 +24,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def build_tiny_llama(source: Path, out: Path, *, layers: int = 2, dtype: str = "float32",
-                     seed: int = 0) -> Path:
+                     seed: int = 0, tied: bool = True) -> Path:
     """Write a Llama of ``layers`` layers (hidden 128, head dim 64: every dim a multiple of 64,
     as vLLM's CPU W4A16 kernel needs multiples of 32) with SmolLM2's vocabulary to ``out``, and
-    the tokenizer files of ``source`` (the default model's directory) beside it."""
+    the tokenizer files of ``source`` (the default model's directory) beside it.
+
+    Tied embeddings make a random model repeat the prompt's last token, whatever its seed;
+    ``tied=False`` gives one whose greedy answers depend on its weights."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -36,7 +39,7 @@ def build_tiny_llama(source: Path, out: Path, *, layers: int = 2, dtype: str = "
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=49152, hidden_size=128, intermediate_size=256,
                          num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=64, max_position_embeddings=2048, tie_word_embeddings=True,
+                         head_dim=64, max_position_embeddings=2048, tie_word_embeddings=tied,
                          bos_token_id=1, eos_token_id=2)
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     out.mkdir(parents=True, exist_ok=True)

@@ -3,9 +3,10 @@ that never pauses, through a canary rollout (with its supervisor SIGKILLed mid-r
 one-click rollback (a blue-green rollout of the previous revision), and a green that fails its
 output gate (rolled back before any request reaches it).
 
-The two revisions run different random-weight models (tests/tiny_llama.py, two seeds), so their
-greedy answers differ: an answer names its revision (``X-Pdserve-Revision``) and must be that
-revision's text, which a prefill of one revision paired with a decode of another would not give.
+The two revisions run different random-weight models (tests/tiny_llama.py: the shared tiny model,
+and one with untied output embeddings and another seed), so their greedy answers differ: an
+answer names its revision (``X-Pdserve-Revision``) and must be that revision's text, which a
+prefill of one revision paired with a decode of another would not give.
 """
 
 from __future__ import annotations
@@ -171,17 +172,18 @@ def _check(answers: list[tuple[int, str, str, str]], texts: dict[str, str]) -> C
 def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
         borrowed: Handle, load: Load) -> None:
     live = borrowed.deployment()
-    other = build_tiny_llama(SMOLLM2, SHARED_TINY.parent / "tiny-llama-2l-seed1", seed=1)
+    other = build_tiny_llama(SMOLLM2, SHARED_TINY.parent / "tiny-llama-2l-untied", seed=1,
+                             tied=False)
     registered = borrowed.call("POST", "/api/v1/variants/", json={
-        "base_model": "tiny", "name": "f32-seed1", "path": str(other)})
+        "base_model": "tiny", "name": "f32-untied", "path": str(other)})
     assert registered.status_code in (201, 400), registered.text
     texts: dict[str, str] = {}
     _wait(lambda: len(load.answers) >= 10, "the load's first answers", 60)
     first = live["revision"]["number"] if live.get("revision") else 1
 
     # 1. Canary to the other model; the supervisor is SIGKILLed while green takes 30%.
-    green = _draft(borrowed, variants={"prefill": "tiny/f32-seed1", "decode": "tiny/f32-seed1"},
-                   gate={"mode": "off"}, note="the seed-1 model")
+    green = _draft(borrowed, variants={"prefill": "tiny/f32-untied", "decode": "tiny/f32-untied"},
+                   gate={"mode": "off"}, note="the untied model")
     start = len(load.answers)
     rollout = _rollout(borrowed, green, "canary", **CANARY)
     killed: list[float] = []
@@ -224,9 +226,9 @@ def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
     print(f"rollback (blue-green) r{green} -> r{first}: {served}")
     assert borrowed.deployment()["revision"]["number"] == first
 
-    # 3. A green that fails its output gate never receives a request: the seed-1 model against
+    # 3. A green that fails its output gate never receives a request: the untied model against
     # the base model's reference (its first registered unquantized variant, the f32 model).
-    failing = _draft(borrowed, variants={"prefill": "tiny/f32-seed1", "decode": "tiny/f32-seed1"},
+    failing = _draft(borrowed, variants={"prefill": "tiny/f32-untied", "decode": "tiny/f32-untied"},
                      gate={"mode": "on"})
     start = len(load.answers)
     rollout = _rollout(borrowed, failing, "canary", **CANARY)
