@@ -183,7 +183,7 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
             raise RolloutRefused(f"r{revision.number} is the live revision already", "revision")
         report = revisions.check_spec(deployment, revision.spec)
         if not report.ok:
-            errors = "; ".join(f"{o.check_id}: {o.message}" for o in report.errors)
+            errors = "; ".join(f"{o.id}: {o.message}" for o in report.errors)
             raise RolloutRefused(f"green's pre-flight checks failed: {errors}", "revision")
         in_place = strategy == Strategy.IN_PLACE
         if not in_place:
