@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -133,7 +134,10 @@ def _plan_page(request: HttpRequest, deployment: Deployment | None) -> HttpRespo
     if not editor.is_valid():
         return render(request, "deployments/plan_form.html", context, status=400)
     try:
-        saved, _ = lifecycle.save(editor.plan_input(), deployment)
+        saved, _ = lifecycle.save(editor.plan_input(), deployment, user=request.user)
+    except lifecycle.DraftMade as exc:
+        messages.info(request, _drafted(exc))
+        return redirect("revisions", name=exc.revision.deployment.name)
     except ValidationError as exc:
         editor.add_errors(exc)
         return render(request, "deployments/plan_form.html", context, status=400)
@@ -141,6 +145,18 @@ def _plan_page(request: HttpRequest, deployment: Deployment | None) -> HttpRespo
         context.update(report=exc.report, refused=str(exc))
         return render(request, "deployments/plan_form.html", context, status=409)
     return redirect("deployment-detail", name=saved.name)
+
+
+def _drafted(exc: lifecycle.DraftMade) -> str:
+    """The message of a running deployment's edit that became a draft revision."""
+    changes = "; ".join(f"{field}: {before!r} -> {after!r}"
+                        for field, (before, after) in exc.changes.items())
+    failed = "; ".join(outcome.message for outcome in exc.report.errors)
+    applied = (" Its live edits (instances, devices, ports, router settings) are applied."
+               if exc.live_edits else "")
+    return (f"{exc.revision.deployment.name} is running: the edit is draft revision r{exc.revision.number} "
+            f"({changes}), not applied to the running workers; roll it out from this page."
+            f"{applied} The draft's checks {'pass' if exc.report.ok else 'fail: ' + failed}.")
 
 
 @login_required

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -23,13 +25,57 @@ def refused(exc: lifecycle.Refused) -> Response:
     return Response({"detail": str(exc), **exc.report.as_dict()}, status=status.HTTP_409_CONFLICT)
 
 
-def _save(plan: PlanInput, deployment: Deployment | None = None) -> tuple[Deployment, dict]:
+def _save(plan: PlanInput, deployment: Deployment | None = None,
+          user: Any = None) -> tuple[Deployment, dict]:
     try:
-        saved, report = lifecycle.save(plan, deployment)
+        saved, report = lifecycle.save(plan, deployment, user=user)
     except ValidationError as exc:
         # Values only the model can judge (after proposals), keyed like the request's fields.
         raise serializers.ValidationError(exc.message_dict) from exc
     return saved, report.as_dict()
+
+
+class PlanEditDraftSerializer(serializers.Serializer):
+    number = serializers.IntegerField(help_text="the draft revision's number")
+    changes = serializers.DictField(child=serializers.ListField(), help_text=(
+        "{field: [live, draft]}: the revision fields and variants (variant.<role>) the edit "
+        "changed"))
+    checks = serializers.DictField(help_text="the draft's pre-flight checks: ok, results, checks")
+
+
+class PlanEditDraftedSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    draft_revision = PlanEditDraftSerializer()
+    live_edits_applied = serializers.BooleanField(help_text=(
+        "whether the edit's live part (instances, devices, ports, router settings) was applied "
+        "to the running plan"))
+
+
+def drafted(exc: lifecycle.DraftMade) -> Response:
+    """202: the edit of a running deployment became a draft revision to roll out."""
+    number, deployment = exc.revision.number, exc.revision.deployment
+    applied = ("its live edits (instances, devices, ports, router settings) are applied; "
+               if exc.live_edits else "")
+    detail = (f"{deployment.name} is running: the edit of {', '.join(exc.changes)} is draft "
+              f"revision r{number}, not applied to the running workers; {applied}roll it out "
+              f'with POST /api/v1/rollouts/ {{"deployment": {deployment.pk}, "revision": '
+              f'{number}, "strategy": "canary"}} (or "blue_green")')
+    return Response({"detail": detail, "live_edits_applied": exc.live_edits,
+                     "draft_revision": {"number": number, "changes": exc.changes,
+                                        "checks": exc.report.as_dict()}},
+                    status=status.HTTP_202_ACCEPTED)
+
+
+EDIT_RESPONSES = {
+    200: PlanSerializer,
+    202: OpenApiResponse(PlanEditDraftedSerializer, description=(
+        "the deployment is running and the edit changes a revision field (mode, variants, "
+        "engine, KV, sampling defaults, extra engine flags, gate): nothing of that is saved; a "
+        "draft revision holds it, to roll out with POST /api/v1/rollouts/. The edit's live part "
+        "(instances, devices, ports, router settings), if any, is applied.")),
+    409: OpenApiResponse(description="the deployment runs and the edited plan fails a check: "
+                                     "nothing is saved; `detail` and the check list"),
+}
 
 
 class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
@@ -66,6 +112,7 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
         deployment, checks = _save(data)
         return Response(self._read(deployment, checks=checks), status=status.HTTP_201_CREATED)
 
+    @extend_schema(responses=EDIT_RESPONSES)
     def update(self, request: Request, *args: object, **kwargs: object) -> Response:
         deployment = self.get_object()
         plan = self.get_serializer(deployment, data=request.data, partial=kwargs.get("partial", False))
@@ -75,10 +122,16 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
             # Moving a deployment takes admin in the team it goes to as well.
             team_to_create_in(request.user, moved_to, Role.ADMIN)
         try:
-            deployment, checks = _save(plan.to_plan_input(), deployment)
+            deployment, checks = _save(plan.to_plan_input(), deployment, request.user)
         except lifecycle.Refused as exc:
             return refused(exc)
+        except lifecycle.DraftMade as exc:
+            return drafted(exc)
         return Response(self._read(deployment, checks=checks))
+
+    @extend_schema(responses=EDIT_RESPONSES)
+    def partial_update(self, request: Request, *args: object, **kwargs: object) -> Response:
+        return super().partial_update(request, *args, **kwargs)
 
     @extend_schema(responses={204: None, 409: OpenApiResponse(
         description="it runs, or a process of it is alive; `detail` says which")})
