@@ -184,3 +184,44 @@ def test_a_green_slow_to_its_first_token_is_rolled_back_by_the_analysis(
     assert {status for status, _ in statuses} == {200}
     assert {revision for _, revision in statuses} == {"1", "2"}
     assert served_green > 0
+
+
+def test_a_green_that_fails_its_gate_never_receives_a_request(
+        colocated: tuple[Deployment, list[Streamer]], tmp_path: Path) -> None:
+    """The gate's verdict is stored by its thread (the gate itself: tests/quality); from then
+    on the machine alone decides: green's group never enters the router, and green's
+    workers are drained and stopped."""
+    deployment, servers = colocated
+    other = register(deployment.base_model, tmp_path, "damaged")
+    draft, _ = revisions.create_draft(deployment, {"gate_mode": "on"}, {"colocated": other}, None)
+    rollout = services.start(deployment, draft, "canary", None)
+    green_port = rollout.green_ports["colocated-0"]["port"]
+    green = Streamer(green_port, first_s=0.0)
+    servers.append(green)
+    threading.Thread(target=green.serve_forever, daemon=True).start()
+    ManagedProcess.objects.create(deployment=deployment, slot=green_slot("colocated-0", draft),
+                                  role="colocated", port=green_port,
+                                  state=ManagedProcess.State.READY,
+                                  log_path=str(tmp_path / "green.log"))
+    runner = RolloutRunner()
+    runner.step({})
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.GATING
+    # What the gate's thread stores when green's answers differ from the reference's.
+    Rollout.objects.filter(pk=rollout.pk).update(gate={
+        "state": "failed", "report": {"reasons": ["colocated damaged: agreement 0.12 < 0.9"]}})
+    answers = []
+    for _ in range(20):
+        response = httpx.post(f"{deployment.router_url}/v1/completions", timeout=30, json={
+            "model": "tiny", "prompt": "hello", "max_tokens": 4, "stream": True})
+        answers.append((response.status_code, response.headers["X-Pdserve-Revision"]))
+        runner.step({})
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.ROLLED_BACK, rollout.reason
+    assert "output gate failed: colocated damaged" in rollout.reason
+    assert answers == [(200, "1")] * 20
+    assert green.answered == 0
+    groups = httpx.get(f"{deployment.router_url}/admin/groups", timeout=5, headers={
+        "Authorization": f"Bearer {admin_token(deployment)}"}).json()["groups"]
+    assert [g["revision"] for g in groups] == ["1"]
+    assert runner.specs(deployment) == []  # green's workers leave the reconcile: they stop

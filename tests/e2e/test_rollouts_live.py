@@ -1,7 +1,8 @@
 """Rollouts on a real deployment: the session's tiny-model 1P1D (tests/borrowed.py) under a load
-that never pauses, through a canary rollout (with its supervisor SIGKILLed mid-rollout), a
-one-click rollback (a blue-green rollout of the previous revision), and a green that fails its
-output gate (rolled back before any request reaches it).
+that never pauses, through a canary rollout (with its supervisor SIGKILLed mid-rollout) and a
+one-click rollback (a blue-green rollout of the previous revision). A green that fails its output
+gate is tested in tests/console/test_rollout_analysis_live.py (a gate's reference server and a
+third green start took this test past 20 minutes on a loaded 2-core machine).
 
 The two revisions run different random-weight models (tests/tiny_llama.py: the shared tiny model,
 and one with untied output embeddings and another seed), so their greedy answers differ: an
@@ -225,15 +226,3 @@ def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
     assert served[str(first)], served
     print(f"rollback (blue-green) r{green} -> r{first}: {served}")
     assert borrowed.deployment()["revision"]["number"] == first
-
-    # 3. A green that fails its output gate never receives a request: the untied model against
-    # the base model's reference (its first registered unquantized variant, the f32 model).
-    failing = _draft(borrowed, variants={"prefill": "tiny/f32-untied", "decode": "tiny/f32-untied"},
-                     gate={"mode": "on"})
-    start = len(load.answers)
-    rollout = _rollout(borrowed, failing, "canary", **CANARY)
-    done = _finish(borrowed, rollout["id"], "rolled_back")
-    served = _check(load.since(start), texts)
-    assert str(failing) not in served, served
-    assert "gate" in done["reason"], done["reason"]
-    print(f"gated r{failing}: {done['reason'][:200]}; served {served}")
