@@ -58,13 +58,17 @@ class DeploymentSerializer(serializers.ModelSerializer):
     @extend_schema_field({"type": "object", "nullable": True, "description":
                           "the live revision: its number and when it was made"})
     def get_revision(self, deployment: Deployment) -> dict[str, Any] | None:
-        live = revisions.live(deployment)
+        prefetched = getattr(deployment, "live_revisions", None)
+        live = prefetched[0] if prefetched else (
+            None if prefetched is not None else revisions.live(deployment))
         return None if live is None else {"number": live.number, "created": live.created}
 
     @extend_schema_field({"type": "object", "nullable": True, "description":
                           "the rollout in progress: its id, state, revisions and weights"})
     def get_rollout(self, deployment: Deployment) -> dict[str, Any] | None:
-        rollout = rollout_services.active(deployment)
+        prefetched = getattr(deployment, "active_rollouts", None)
+        rollout = prefetched[0] if prefetched else (
+            None if prefetched is not None else rollout_services.active(deployment))
         if rollout is None:
             return None
         return {"id": rollout.pk, "state": rollout.state, "strategy": rollout.strategy,

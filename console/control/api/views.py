@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -18,6 +18,7 @@ from console.control.api.serializers import DeploymentSerializer
 from console.deployments.api.serializers import PlanSerializer
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput
+from console.rollouts.models import Revision, Rollout
 
 
 def refused(exc: lifecycle.Refused) -> Response:
@@ -88,7 +89,13 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
 
     def get_queryset(self) -> QuerySet[Deployment]:
         return visible(Deployment.objects.select_related("base_model", "team").prefetch_related(
-            "workers__variant", "workers__node", "processes"
+            "workers__variant", "workers__node", "processes",
+            # The live revision and the rollout in progress of each, in two queries for a list.
+            Prefetch("revisions", to_attr="live_revisions",
+                     queryset=Revision.objects.filter(state=Revision.State.LIVE)),
+            Prefetch("rollouts", to_attr="active_rollouts",
+                     queryset=Rollout.objects.filter(state__in=Rollout.ACTIVE_STATES)
+                     .select_related("from_revision", "to_revision")),
         ), self.request.user)
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
