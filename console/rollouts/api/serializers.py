@@ -21,7 +21,8 @@ ANALYSES_SHOWN = 50
 
 class RevisionSerializer(serializers.ModelSerializer):
     state = serializers.CharField(read_only=True, help_text="draft, live, retired or failed")
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                              allow_null=True)
     changes = serializers.SerializerMethodField(
         help_text="{field: [before, after]} against the previous revision; null for the first")
 
@@ -102,7 +103,8 @@ class RolloutSerializer(serializers.ModelSerializer):
     state = serializers.CharField(read_only=True, help_text=", ".join(Rollout.State.values))
     paused_from = serializers.CharField(read_only=True, help_text="the state Resume returns to")
     strategy = serializers.CharField(read_only=True, help_text=", ".join(Rollout.Strategy.values))
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                              allow_null=True)
     transitions = TransitionSerializer(many=True, read_only=True)
     analyses = serializers.SerializerMethodField(help_text=f"the last {ANALYSES_SHOWN} windows")
 
