@@ -90,11 +90,14 @@ def rollout(handle: Handle, revision: int, strategy: str) -> tuple[dict[str, Any
                      "metrics": {"error_rate": {"max": 0.0}, "ttft_p95": {"max_ratio": 10}}},
         "scale_down_delay_s": 10, "drain_timeout_s": 60})
     response.raise_for_status()
-    rollout_id = response.json()["id"]
+    return finished(handle, response.json()["id"]), started
+
+
+def finished(handle: Handle, rollout_id: int) -> dict[str, Any]:
     while True:
         body = handle.call("GET", f"/api/v1/rollouts/{rollout_id}/").json()
         if body["state"] in ("succeeded", "rolled_back"):
-            return body, started
+            return body
         time.sleep(1)
 
 
@@ -189,12 +192,7 @@ def rollout_back(handle: Handle) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
     response = handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/rollback/")
     response.raise_for_status()
-    rollout_id = response.json()["id"]
-    while True:
-        body = handle.call("GET", f"/api/v1/rollouts/{rollout_id}/").json()
-        if body["state"] in ("succeeded", "rolled_back"):
-            return body, started
-        time.sleep(1)
+    return finished(handle, response.json()["id"]), started
 
 
 if __name__ == "__main__":

@@ -124,6 +124,19 @@ def _ok(url: str) -> bool:
         return False
 
 
+def _green(rollout: Rollout, servers: list[Streamer], first_s: float, log_dir: Path) -> Streamer:
+    """Green's stand-in on the port the rollout chose, its process row ready."""
+    port = rollout.green_ports["colocated-0"]["port"]
+    green = Streamer(port, first_s=first_s)
+    servers.append(green)
+    threading.Thread(target=green.serve_forever, daemon=True).start()
+    ManagedProcess.objects.create(deployment=rollout.deployment,
+                                  slot=green_slot("colocated-0", rollout.to_revision),
+                                  role="colocated", port=port, state=ManagedProcess.State.READY,
+                                  log_path=str(log_dir / "green.log"))
+    return green
+
+
 def test_a_green_slow_to_its_first_token_is_rolled_back_by_the_analysis(
         colocated: tuple[Deployment, list[Streamer]], tmp_path: Path) -> None:
     deployment, servers = colocated
@@ -134,14 +147,7 @@ def test_a_green_slow_to_its_first_token_is_rolled_back_by_the_analysis(
                              analysis={"interval_s": 1, "failure_limit": 0, "min_requests": 3,
                                        "metrics": {"ttft_p95": {"max_ratio": 3},
                                                    "error_rate": {"max": 0.0}}})
-    green_port = rollout.green_ports["colocated-0"]["port"]
-    green = Streamer(green_port, first_s=0.3)
-    servers.append(green)
-    threading.Thread(target=green.serve_forever, daemon=True).start()
-    ManagedProcess.objects.create(deployment=deployment, slot=green_slot("colocated-0", draft),
-                                  role="colocated", port=green_port,
-                                  state=ManagedProcess.State.READY,
-                                  log_path=str(tmp_path / "green.log"))
+    green = _green(rollout, servers, first_s=0.3, log_dir=tmp_path)
     statuses: list[tuple[int, str]] = []
     stop = threading.Event()
 
@@ -195,14 +201,7 @@ def test_a_green_that_fails_its_gate_never_receives_a_request(
     other = register(deployment.base_model, tmp_path, "damaged")
     draft, _ = revisions.create_draft(deployment, {"gate_mode": "on"}, {"colocated": other}, None)
     rollout = services.start(deployment, draft, "canary", None)
-    green_port = rollout.green_ports["colocated-0"]["port"]
-    green = Streamer(green_port, first_s=0.0)
-    servers.append(green)
-    threading.Thread(target=green.serve_forever, daemon=True).start()
-    ManagedProcess.objects.create(deployment=deployment, slot=green_slot("colocated-0", draft),
-                                  role="colocated", port=green_port,
-                                  state=ManagedProcess.State.READY,
-                                  log_path=str(tmp_path / "green.log"))
+    green = _green(rollout, servers, first_s=0.0, log_dir=tmp_path)
     runner = RolloutRunner()
     runner.step({})
     rollout.refresh_from_db()

@@ -15,18 +15,14 @@ from console.deployments.models import Deployment
 from console.rollouts import analysis, revisions, services
 from console.rollouts.machine import TransitionRefused, move
 from console.rollouts.models import Revision, Rollout
-from tests.console.tiny_models import make_plan, make_startable, register
+from tests.console.tiny_models import make_plan, make_startable, register, running
 
 REQUESTS = "pdserve_router_requests_total"
 
 
-@pytest.fixture
-def running(db: None, tmp_path: Path) -> Deployment:
-    deployment = make_startable(make_plan(tmp_path))
-    Deployment.objects.filter(pk=deployment.pk).update(
-        desired_state=Deployment.DesiredState.RUNNING)
-    deployment.refresh_from_db()
-    return deployment
+@pytest.fixture(name="running")
+def running_plan(db: None, tmp_path: Path) -> Deployment:
+    return running(make_startable(make_plan(tmp_path)))
 
 
 def test_the_first_start_makes_revision_1_and_a_layout_edit_keeps_it(running: Deployment) -> None:

@@ -21,7 +21,7 @@ from console.rollouts.machine import TransitionRefused
 from console.rollouts.models import Revision, Rollout
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port
-from tests.console.tiny_models import make_plan, make_startable, register
+from tests.console.tiny_models import make_plan, make_startable, register, running
 
 State = Rollout.State
 READY = ManagedProcess.State.READY
@@ -29,14 +29,7 @@ READY = ManagedProcess.State.READY
 
 @pytest.fixture
 def rollout(db: None, tmp_path: Path) -> Rollout:
-    deployment = make_startable(make_plan(tmp_path))
-    Deployment.objects.filter(pk=deployment.pk).update(
-        desired_state=Deployment.DesiredState.RUNNING)
-    deployment.refresh_from_db()
-    revisions.ensure_live(deployment)
-    for worker in deployment.workers.all():
-        ManagedProcess.objects.create(deployment=deployment, slot=worker.slot, role=worker.role,
-                                      port=worker.port, state=READY, log_path="/dev/null")
+    deployment = _ready(make_startable(make_plan(tmp_path)))
     green = register(deployment.base_model, tmp_path, "green")
     draft, _ = revisions.create_draft(deployment, {"gate_mode": "off"},
                                       {"prefill": green, "decode": green}, None)
@@ -149,9 +142,12 @@ def two_pairs(db: None, tmp_path: Path) -> Deployment:
                                   port=free_port(), side_channel_port=free_port(),
                                   cpu_cores=first.cpu_cores, share_devices=True)
         deployment.workers.filter(role=role).update(share_devices=True)
-    Deployment.objects.filter(pk=deployment.pk).update(
-        desired_state=Deployment.DesiredState.RUNNING)
-    deployment.refresh_from_db()
+    return _ready(deployment)
+
+
+def _ready(deployment: Deployment) -> Deployment:
+    """Running with a live revision, every planned worker's process ready."""
+    deployment = running(deployment)
     revisions.ensure_live(deployment)
     for worker in deployment.workers.all():
         ManagedProcess.objects.create(deployment=deployment, slot=worker.slot, role=worker.role,
@@ -261,9 +257,7 @@ def test_in_place_rolls_back_pair_by_pair_and_needs_two_pairs(two_pairs: Deploym
     assert rollout.state == State.ROLLED_BACK
     assert revisions.live(two_pairs).number == 1
 
-    one_pair = make_startable(make_plan(tmp_path, "tiny-1p1d-b"))
-    Deployment.objects.filter(pk=one_pair.pk).update(desired_state=Deployment.DesiredState.RUNNING)
-    one_pair.refresh_from_db()
+    one_pair = running(make_startable(make_plan(tmp_path, "tiny-1p1d-b")))
     green = Variant.objects.get(name="green")
     single, _ = revisions.create_draft(one_pair, {}, {"prefill": green, "decode": green}, None)
     with pytest.raises(services.RolloutRefused, match="at least two whole pairs"):

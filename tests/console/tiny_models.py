@@ -132,3 +132,11 @@ def run(deployment: Deployment, check_id: str) -> Outcome:
 
 def use_variant(deployment: Deployment, variant: Variant, role: str = "decode") -> None:
     deployment.workers.filter(role=role).update(variant=variant)
+
+
+def running(deployment: Deployment) -> Deployment:
+    """``deployment`` wanted running, as a start leaves it (without the supervisor's part)."""
+    Deployment.objects.filter(pk=deployment.pk).update(
+        desired_state=Deployment.DesiredState.RUNNING)
+    deployment.refresh_from_db()
+    return deployment
