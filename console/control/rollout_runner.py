@@ -17,7 +17,8 @@ supervisor killed mid-rollout is replaced by one that goes on from the same row:
 - rolling back: green's weight is 0 and its group drains, then green's workers stop.
 
 The router's groups and weights are made equal to the stored ones on every tick, so a router
-restarted mid-rollout gets green's group back.
+restarted mid-rollout gets green's group back (rollout_router.py); the in-place strategy's
+pair-by-pair hand-over is in rollout_in_place.py.
 """
 
 from __future__ import annotations
@@ -27,22 +28,22 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import httpx
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from console.audit.actors import acting_as
 from console.audit.models import AuditEntry
+from console.control.rollout_in_place import InPlace
+from console.control.rollout_router import RouterGroups
 from console.control.worker_specs import ProcessSpec, green_slot, green_specs, green_workers
 from console.deployments.models import Deployment
 from console.deployments.plans import save_plan
-from console.gateway.router_admin import AdminUnreadable, admin_get, admin_headers, admin_url
+from console.gateway.router_admin import AdminUnreadable
 from console.quality.gates import evaluate
 from console.quality.models import GateResult
-from console.rollouts import analysis, revisions, services
+from console.rollouts import analysis, revisions
 from console.rollouts.machine import broadcast, move
 from console.rollouts.models import AnalysisRun, Revision, Rollout
 from console.supervisor.engine import Child
@@ -52,13 +53,10 @@ from inference.output_gate import Thresholds
 log = logging.getLogger("pdserve.rollouts")
 State = Rollout.State
 Strategy = Rollout.Strategy
-ADMIN_TIMEOUT_S = 2.0
-# The states in which the router's groups and weights follow the stored ones.
-WHILE_ROUTING = (State.RELEASING, State.STEPPING, State.WARM, State.DRAINING, State.ROLLING_BACK)
 
 
 @dataclass
-class RolloutRunner:
+class RolloutRunner(RouterGroups, InPlace):
     # rollout id -> the gate thread scoring its green
     gates: dict[int, threading.Thread] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -87,7 +85,7 @@ class RolloutRunner:
         if transit is not None:
             # Going forward, blue's pair drains and stops; rolling back, it starts again once
             # green's copy of it has stopped (the two share ports).
-            green_gone = rollout.state == State.ROLLING_BACK and not RolloutRunner._alive(
+            green_gone = rollout.state == State.ROLLING_BACK and not InPlace._alive(
                 rollout, [f"{w.slot}@r{rollout.green.number}"
                           for w in deployment.workers.filter(index=transit)])
             if not green_gone:
@@ -253,103 +251,6 @@ class RolloutRunner:
         self.windows.pop(rollout.pk, None)
         return True
 
-    # ---- in place ---------------------------------------------------------------------------
-    def _releasing(self, rollout: Rollout) -> bool:
-        """Blue's pair ``step_index`` drains and stops (the reconcile leaves it out, the pool
-        sync drains it), then green's starts on its ports."""
-        unit = rollout.step_index
-        units = dict(rollout.units)
-        if units.get("transit") != unit:
-            units["transit"] = unit
-            weights = self._capacity_weights(rollout, units)
-            Rollout.objects.filter(pk=rollout.pk).update(units=units, weights=weights)
-            rollout.units, rollout.weights = units, weights
-            self._sync_router(rollout)
-            return True
-        if self._alive(rollout, self._blue_slots(rollout, unit)):
-            return False
-        units = {"green": sorted({*units.get("green", []), unit}), "transit": None}
-        move(rollout, State.STARTING, f"blue's pair {unit + 1} stopped; green's starts on its "
-             "ports", units=units)
-        return True
-
-    def _in_place_back(self, rollout: Rollout) -> bool:
-        """Rolling back in place: pair by pair from the last green took, green's drains and
-        stops and blue's starts again on its ports; one pair at least serves throughout."""
-        units = dict(rollout.units)
-        green = list(units.get("green", []))
-        transit = units.get("transit")
-        if transit is not None and transit not in green:
-            if self._alive(rollout, self._green_slots(rollout, transit)):
-                return False
-            if not self._ready(rollout, self._blue_slots(rollout, transit)):
-                return False  # blue's pair is back in the plan's reconcile: wait until it serves
-            units = {"green": green, "transit": None}
-            weights = self._capacity_weights(rollout, units)
-            Rollout.objects.filter(pk=rollout.pk).update(units=units, weights=weights)
-            rollout.units, rollout.weights = units, weights
-            self._put_router_weights(rollout)
-            return True
-        if green:
-            unit = max(green)
-            units = {"green": [u for u in green if u != unit], "transit": unit}
-            weights = self._capacity_weights(rollout, units)
-            Rollout.objects.filter(pk=rollout.pk).update(units=units, weights=weights)
-            rollout.units, rollout.weights = units, weights
-            self._put_router_weights(rollout)
-            self._remove_members(rollout, self._green_urls(rollout, unit))
-            return True
-        return self._rolling_back(rollout)
-
-    def _capacity_weights(self, rollout: Rollout, units: dict[str, Any]) -> dict[str, int]:
-        """Each colour's share of the pairs that serve (the one in transit serves neither)."""
-        total = len(services.pairs(rollout.deployment))
-        green = len(units.get("green", []))
-        blue = total - green - (1 if units.get("transit") is not None else 0)
-        if green + blue == 0:
-            return dict(rollout.weights)
-        return {rollout.blue.label: round(100 * blue / (green + blue)),
-                rollout.green.label: round(100 * green / (green + blue))}
-
-    def _put_router_weights(self, rollout: Rollout) -> None:
-        if not self._router_ready(rollout.deployment):
-            return
-        groups = self._groups(rollout.deployment)
-        wanted = {label: weight for label, weight in rollout.weights.items()
-                  if label in groups and groups[label]["state"] != "draining"}
-        if wanted:
-            self._put_weights(rollout.deployment, wanted)
-
-    def _remove_members(self, rollout: Rollout, urls: list[tuple[str, str]]) -> None:
-        if not self._router_ready(rollout.deployment):
-            return
-        for role, url in urls:
-            self._admin("DELETE", rollout.deployment, "/backends",
-                        params={"role": role, "url": url, "revision": rollout.green.label})
-
-    @staticmethod
-    def _blue_slots(rollout: Rollout, unit: int) -> list[str]:
-        return [w.slot for w in rollout.deployment.workers.filter(index=unit)]
-
-    def _green_slots(self, rollout: Rollout, unit: int) -> list[str]:
-        return [green_slot(slot, rollout.green) for slot in self._blue_slots(rollout, unit)]
-
-    @staticmethod
-    def _green_urls(rollout: Rollout, unit: int) -> list[tuple[str, str]]:
-        return [(w.role, w.url) for w in green_workers(rollout.deployment, rollout)
-                if w.index == unit]
-
-    @staticmethod
-    def _alive(rollout: Rollout, slots: list[str]) -> bool:
-        return ManagedProcess.objects.filter(deployment=rollout.deployment_id, slot__in=slots,
-                                             state__in=ManagedProcess.ALIVE_STATES).exists()
-
-    @staticmethod
-    def _ready(rollout: Rollout, slots: list[str]) -> bool:
-        return ManagedProcess.objects.filter(
-            deployment=rollout.deployment_id, slot__in=slots,
-            state=ManagedProcess.State.READY).count() == len(slots)
-
     # ---- steps and analysis --------------------------------------------------------------
     def _enter_step(self, rollout: Rollout, index: int, reason: str) -> None:
         weight = rollout.steps[index]["weight"]
@@ -502,122 +403,6 @@ class RolloutRunner:
             if pk in children:
                 children[pk].slot = slot
         self.windows.pop(rollout.pk, None)
-
-    # ---- the router ------------------------------------------------------------------------
-    def _sync_router(self, rollout: Rollout) -> None:
-        """Make the router's groups and weights the stored ones: green's group exists once green
-        passed its gate, with the stored weights."""
-        deployment = rollout.deployment
-        if rollout.state not in WHILE_ROUTING and not (
-                rollout.state == State.PAUSED and rollout.paused_from in WHILE_ROUTING):
-            return
-        if not self._router_ready(deployment):
-            return
-        groups = self._groups(deployment)
-        green = rollout.green.label
-        if green not in groups and self._serving_green(rollout):
-            self._add_group(rollout)
-            groups = self._groups(deployment)
-        elif green in groups and rollout.strategy == Strategy.IN_PLACE and (
-                rollout.state != State.ROLLING_BACK):
-            self._join_green_members(rollout, groups[green])
-        wanted = {label: weight for label, weight in rollout.weights.items()
-                  if label in groups and groups[label]["state"] != "draining"}
-        current = {label: groups[label]["weight"] for label in wanted}
-        if wanted and wanted != current:
-            self._put_weights(deployment, wanted)
-
-    def _add_group(self, rollout: Rollout) -> None:
-        deployment = rollout.deployment
-        pools: dict[str, list[str]] = {}
-        for worker in self._serving_green(rollout):
-            pools.setdefault(worker.role, []).append(worker.url)
-        body = {"revision": rollout.green.label, "mode": rollout.green.spec["mode"],
-                "weight": 0, **pools}
-        response = self._admin("POST", deployment, "/groups", json=body)
-        if response.status_code not in (201, 409):
-            raise AdminUnreadable(f"POST /admin/groups: {response.status_code} "
-                                  f"{response.text[:300]}")
-
-    def _serving_green(self, rollout: Rollout) -> list[Any]:
-        """Green's workers that take traffic: all, or in place the pairs green holds."""
-        workers = green_workers(rollout.deployment, rollout)
-        if rollout.strategy != Strategy.IN_PLACE:
-            return workers
-        held = set(rollout.units.get("green", []))
-        return [w for w in workers if w.index in held]
-
-    def _join_green_members(self, rollout: Rollout, group: dict[str, Any]) -> None:
-        """In place, a pair green took since its group was made joins it."""
-        present = {(role, b["url"]) for role, pool in group["roles"].items()
-                   for b in pool["backends"]}
-        for worker in self._serving_green(rollout):
-            if (worker.role, worker.url) in present:
-                continue
-            response = self._admin("POST", rollout.deployment, "/backends", json={
-                "role": worker.role, "url": worker.url, "revision": rollout.green.label})
-            if response.status_code not in (201, 409):
-                raise AdminUnreadable(f"POST /admin/backends: {response.status_code} "
-                                      f"{response.text[:300]}")
-
-    def _put_weights(self, deployment: Deployment, weights: dict[str, int]) -> None:
-        response = self._admin("PUT", deployment, "/groups/weights", json={"weights": weights})
-        if response.status_code != 200:
-            raise AdminUnreadable(f"PUT /admin/groups/weights: {response.status_code} "
-                                  f"{response.text[:300]}")
-
-    def _delete_group(self, rollout: Rollout, label: str) -> None:
-        if not self._router_ready(rollout.deployment):
-            return
-        response = self._admin("DELETE", rollout.deployment, f"/groups/{label}")
-        if response.status_code not in (202, 404):
-            raise AdminUnreadable(f"DELETE /admin/groups/{label}: {response.status_code} "
-                                  f"{response.text[:300]}")
-
-    def _drained(self, rollout: Rollout, label: str) -> bool:
-        """Whether ``label``'s group is gone from the router (drained), or its drain timed out,
-        or no router runs to hold its requests."""
-        if not self._router_ready(rollout.deployment):
-            return True
-        if label not in self._groups(rollout.deployment):
-            return True
-        waited = (timezone.now() - rollout.state_since).total_seconds()
-        if waited > rollout.drain_timeout_s:
-            log.warning("rollout #%d: r%s still draining after %d s; its workers are stopped",
-                        rollout.pk, label, rollout.drain_timeout_s)
-            return True
-        return False
-
-    def _groups(self, deployment: Deployment) -> dict[str, dict[str, Any]]:
-        data = admin_get(deployment, "/groups", timeout_s=ADMIN_TIMEOUT_S)
-        try:
-            return {group["revision"]: group for group in data["groups"]}
-        except (KeyError, TypeError) as exc:
-            raise AdminUnreadable(f"GET /admin/groups: not a group listing ({exc!r})") from exc
-
-    @staticmethod
-    def _router_ready(deployment: Deployment) -> bool:
-        return deployment.processes.filter(role="router",
-                                           state=ManagedProcess.State.READY).exists()
-
-    @staticmethod
-    def _admin(method: str, deployment: Deployment, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            return httpx.request(method, f"{admin_url(deployment)}{path}",
-                                 headers=admin_headers(deployment), timeout=ADMIN_TIMEOUT_S,
-                                 **kwargs)
-        except httpx.HTTPError as exc:
-            raise AdminUnreadable(f"{method} /admin{path}: {type(exc).__name__}: {exc}") from exc
-
-    def _scrape(self, deployment: Deployment) -> analysis.Scrape:
-        url = admin_url(deployment).removesuffix("/admin") + "/metrics"
-        try:
-            response = httpx.get(url, timeout=ADMIN_TIMEOUT_S)
-        except httpx.HTTPError as exc:
-            raise AdminUnreadable(f"GET /metrics: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            raise AdminUnreadable(f"GET /metrics: {response.status_code}")
-        return analysis.parse(response.text)
 
     # ---- helpers ---------------------------------------------------------------------------
     @staticmethod
