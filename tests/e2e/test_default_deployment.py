@@ -12,6 +12,7 @@ import httpx
 import psutil
 import pytest
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.borrowed import FACILITY
 from tests.e2e.conftest import Stack
@@ -40,13 +41,12 @@ def _client(stack: Stack) -> OpenAI:
     return OpenAI(base_url=f"{stack.router}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def _metric(stack: Stack, name: str) -> float:
+def _metric(stack: Stack, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels`` (any revision's)."""
     text = httpx.get(f"{stack.router}/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == name and labels.items() <= sample.labels.items())
 
 
 def test_api_shows_every_process_ready(stack: Stack) -> None:
@@ -167,7 +167,7 @@ def test_one_token_prompts_keep_every_worker_alive(stack: Stack) -> None:
 def test_killed_decode_leaves_requests_to_prefill_then_supervisor_restarts_it(
         stack: Stack) -> None:
     decode = next(p for p in stack.deployment()["processes"] if p["slot"] == "decode-0")
-    degraded_before = _metric(stack, 'pdserve_router_degraded_total{missing_role="decode"}')
+    degraded_before = _metric(stack, "pdserve_router_degraded_total", missing_role="decode")
     os.killpg(decode["pid"], signal.SIGKILL)
     started = time.monotonic()
     # Degraded mode: with decode gone, prefill answers the whole request.
@@ -176,7 +176,7 @@ def test_killed_decode_leaves_requests_to_prefill_then_supervisor_restarts_it(
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"]
     assert time.monotonic() - started < 10
-    assert _metric(stack, 'pdserve_router_degraded_total{missing_role="decode"}') \
+    assert _metric(stack, "pdserve_router_degraded_total", missing_role="decode") \
         == degraded_before + 1
     deadline = time.monotonic() + 420
     restarted: dict = {}

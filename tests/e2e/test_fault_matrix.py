@@ -534,7 +534,8 @@ def test_redis_down_while_redis_url_is_set(borrowed: Handle, tmp_path: Path) -> 
 def test_the_kv_directory_full(borrowed: Handle, tmp_path: Path) -> None:
     """Shared-storage KV that cannot be saved: decode computes the prompt itself, no request
     fails, and the prefill worker's log names the cause."""
-    kv_dir = borrowed.data_dir / "kv" / NAME
+    # The live revision's own directory (console/control/worker_specs.kv_storage_path).
+    kv_dir = borrowed.data_dir / "kv" / f"{NAME}@r{borrowed.deployment()['revision']['number']}"
     prefill_log = borrowed.log("prefill-0")
     pids = planned_pids(borrowed)
     logged_before = prefill_log.read_text(errors="replace").count("KV not saved")
