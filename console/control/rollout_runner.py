@@ -347,7 +347,8 @@ class RolloutRunner(RouterGroups, InPlace):
                 f"rollout-{rollout.pk}-gate-reference", log_path, self.stopping)
             if self.stopping.is_set() and state == GateResult.State.ERROR:
                 return  # cut short by the supervisor's stop: the next supervisor runs it again
-            if spec["gate_action"] == Deployment.GateAction.WARN and state != GateResult.State.PASSED:
+            if (rollout.deployment.gate_action == Deployment.GateAction.WARN
+                    and state != GateResult.State.PASSED):
                 report = {**report, "warned": True}
                 state_for_rollout = GateResult.State.PASSED
             else:

@@ -34,11 +34,12 @@ from console.rollouts.models import Revision
 # The router renders chat prompts with one template and checks lengths with one context length
 # for all its revision groups, so the chat template, the tool parsers (which go with it) and
 # max_model_len stay plan edits applied to every revision: a revision that changed them would
-# have its PD hand-offs rendered with the other revision's template.
+# have its PD hand-offs rendered with the other revision's template. What a failed gate does to
+# traffic (gate_action, block or warn) is a live edit too, like the router's policies.
 FIELDS: tuple[str, ...] = (
     "mode", "engine_version", "dtype", "kv_channel", "block_size", "kv_cache_dtype",
     "kv_cache_gib", "kv_load_failure", "sampling_defaults", "extra_engine_args",
-    "gate_mode", "gate_prompts", "gate_min_agreement", "gate_max_mean_delta", "gate_action",
+    "gate_mode", "gate_prompts", "gate_min_agreement", "gate_max_mean_delta",
 )
 
 
