@@ -398,7 +398,12 @@ def test_sigkill_the_router(borrowed: Handle) -> None:
     results = load.snapshot()
     gap_end = gap
     after_kill = [r for r in failed(results) if r.started >= killed]
-    assert all(r.outcome == "refused" for r in after_kill), after_kill
+    # A connection made in the moment between the SIGKILL and the kernel closing the dead
+    # router's listening socket is reset instead of refused (seen once in CI, 0.18 s after the
+    # kill): no request reached a router either way.
+    dying = [r for r in after_kill if r.outcome.startswith("transport ReadError")
+             and "reset by peer" in r.outcome and r.started - killed < 1.0]
+    assert all(r.outcome == "refused" or r in dying for r in after_kill), after_kill
     assert all(r.started < gap_end for r in after_kill), "refused after the router was back"
     ROWS.append(Row("SIGKILL router", detection, gap_end - killed, len(failed(results)),
                     len(results), f"gap {gap_end - killed:.1f} s of refused connections"))
