@@ -167,17 +167,17 @@ def main() -> int:
             reference = (percentile(steady, 0.5), percentile(steady, 0.99))
             body, started = rollout(handle, draft.json()["number"], args.strategy)
             out_end = time.monotonic()
-            back, back_started = rollout_back(handle)
-            time.sleep(10)
-            load.stop.set()
-            for thread in threads:
-                thread.join(timeout=130)
             print(f"steady state ({args.clients} clients streaming without pause, "
                   f"{len(steady)} requests in {args.steady_s:.0f} s): TTFT p50 "
                   f"{reference[0] * 1000:.0f} ms, p99 {reference[1] * 1000:.0f} ms; "
                   f"lost {sum(not s.ok for s in load.samples if s.sent < steady_end)}")
             table(f"{args.strategy} r{body['from_revision']} -> r{body['to_revision']}: "
                   f"{body['state']}", load, phases(body, started, out_end), reference)
+            back, back_started = rollout_back(handle)
+            time.sleep(10)
+            load.stop.set()
+            for thread in threads:
+                thread.join(timeout=130)
             table(f"rollback r{back['from_revision']} -> r{back['to_revision']} (blue-green): "
                   f"{back['state']}", load, phases(back, back_started, time.monotonic() - 10),
                   reference)
@@ -191,7 +191,8 @@ def main() -> int:
 def rollout_back(handle: Handle) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
     response = handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/rollback/")
-    response.raise_for_status()
+    if response.status_code != 201:
+        raise SystemExit(f"the rollback was refused: {response.status_code} {response.text}")
     return finished(handle, response.json()["id"]), started
 
 
