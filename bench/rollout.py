@@ -132,7 +132,7 @@ def table(title: str, load: Load, spans: list[tuple[str, float, float]],
         if ttfts:
             p50, p99 = percentile(ttfts, 0.5) * 1000, percentile(ttfts, 0.99) * 1000
             print(f"| {name} | {end - begin:.1f} s | {len(inside)} | {lost} | {p50:.0f} ms | "
-                  f"{p99:.0f} ms | {p50 / steady[0]:.2f} | {p99 / steady[1]:.2f} |")
+                  f"{p99:.0f} ms | {p50 / 1000 / steady[0]:.2f} | {p99 / 1000 / steady[1]:.2f} |")
         else:
             print(f"| {name} | {end - begin:.1f} s | {len(inside)} | {lost} | - | - | - | - |")
 
