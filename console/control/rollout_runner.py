@@ -95,8 +95,11 @@ class RolloutRunner(RouterGroups, InPlace):
     # ---- the tick ------------------------------------------------------------------------
     def step(self, children: dict[int, Child]) -> bool:
         did = False
-        for rollout in Rollout.objects.filter(state__in=Rollout.ACTIVE_STATES).select_related(
-                "deployment", "from_revision", "to_revision"):
+        active = list(Rollout.objects.filter(state__in=Rollout.ACTIVE_STATES).select_related(
+            "deployment", "from_revision", "to_revision"))
+        # Windows of rollouts no longer active (ended by a user or another supervisor) go.
+        self.windows = {k: v for k, v in self.windows.items() if k in {r.pk for r in active}}
+        for rollout in active:
             if rollout.deployment.desired_state != Deployment.DesiredState.RUNNING:
                 continue
             try:
@@ -110,8 +113,6 @@ class RolloutRunner(RouterGroups, InPlace):
                 # when a tick raises): the rollout stays in its state and is tried again.
                 log.exception("rollout #%d: its step failed in %s; tried again next tick",
                               rollout.pk, rollout.state)
-        self.windows = {k: v for k, v in self.windows.items()
-                        if Rollout.objects.filter(pk=k, state__in=Rollout.ACTIVE_STATES).exists()}
         return did
 
     def _advance(self, rollout: Rollout, children: dict[int, Child]) -> bool:
