@@ -11,8 +11,6 @@ import logging
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,13 +24,11 @@ from console.control.pools import PoolSync
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.router_admin import admin_token
 from console.supervisor.models import ManagedProcess
+from tests.console.router_process import router_process
 from tests.console.sockets import wait_for
 from tests.console.tiny_models import make_plan
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 class Worker(ThreadingHTTPServer):
     """Stands in for a vLLM worker: healthy, and answers completions after ``hold_s``."""
@@ -85,22 +81,11 @@ def colocated(tmp_path: Path) -> Iterator[tuple[Deployment, list[Worker]]]:
                                       port=plan.port, state=ManagedProcess.State.READY,
                                       log_path=str(tmp_path / f"{plan.slot}.log"))
     # The router starts with the first worker only, as if the second came with a plan change.
-    router = subprocess.Popen(
-        [sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
-         "--tokenizer", first.variant.path, "--max-model-len", "2048",
-         "--port", str(deployment.router_port), "--colocated", first.url],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "PDSERVE_ROUTER_ADMIN_TOKEN": admin_token(deployment)})
-    ManagedProcess.objects.create(deployment=deployment, slot="router", role="router",
-                                  port=deployment.router_port, pid=router.pid,
-                                  state=ManagedProcess.State.READY,
-                                  log_path=str(tmp_path / "router.log"))
     try:
-        wait_for(lambda: _ok(f"{deployment.router_url}/health"), "the router", timeout=60)
-        yield deployment, workers
+        with router_process(deployment, first.variant.path, [first.url], tmp_path,
+                            timeout_s=60):
+            yield deployment, workers
     finally:
-        router.kill()
-        router.wait()
         for worker in workers:
             worker.shutdown()
             worker.server_close()

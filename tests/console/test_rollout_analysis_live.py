@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,13 +27,10 @@ from console.gateway.router_admin import admin_token
 from console.rollouts import revisions, services
 from console.rollouts.models import Rollout
 from console.supervisor.models import ManagedProcess
-from tests.console.sockets import wait_for
+from tests.console.router_process import router_process
 from tests.console.tiny_models import make_plan, make_startable, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 class Streamer(ThreadingHTTPServer):
     """Stands in for a vLLM worker: healthy, streams a completion's first chunk after
@@ -96,32 +91,14 @@ def colocated(tmp_path: Path) -> Iterator[tuple[Deployment, list[Streamer]]]:
     ManagedProcess.objects.create(deployment=deployment, slot=blue_worker.slot, role="colocated",
                                   port=blue_worker.port, state=ManagedProcess.State.READY,
                                   pid=os.getpid(), log_path=str(tmp_path / "colocated-0.log"))
-    router = subprocess.Popen(
-        [sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
-         "--tokenizer", blue_worker.variant.path, "--max-model-len", "2048", "--revision", "1",
-         "--port", str(deployment.router_port), "--colocated", blue_worker.url],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, "PDSERVE_ROUTER_ADMIN_TOKEN": admin_token(deployment)})
-    ManagedProcess.objects.create(deployment=deployment, slot="router", role="router",
-                                  port=deployment.router_port, pid=router.pid,
-                                  state=ManagedProcess.State.READY,
-                                  log_path=str(tmp_path / "router.log"))
     try:
-        wait_for(lambda: _ok(f"{deployment.router_url}/health"), "the router", timeout=120)
-        yield deployment, servers
+        with router_process(deployment, blue_worker.variant.path, [blue_worker.url], tmp_path,
+                            "--revision", "1"):
+            yield deployment, servers
     finally:
-        router.kill()
-        router.wait()
         for server in servers:
             server.shutdown()
             server.server_close()
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _green(rollout: Rollout, servers: list[Streamer], first_s: float, log_dir: Path) -> Streamer:
