@@ -13,7 +13,6 @@ from django.utils import timezone
 
 from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
-from console.fleet.services import local_node
 from console.rollouts import capacity, revisions
 from console.rollouts.machine import TransitionRefused, move
 from console.rollouts.models import Revision, Rollout
@@ -103,15 +102,13 @@ def green_ports(deployment: Deployment, spec: dict[str, Any]) -> dict[str, dict[
     of what is bound on this node now."""
     ports: dict[str, dict[str, int]] = {}
     ledgers: dict[int, Ledger] = {}
-    for role, instances in revisions.layout(deployment, spec).items():
-        for index, instance in enumerate(instances):
-            node = instance.node or local_node()
-            if node.pk not in ledgers:
-                ledgers[node.pk] = Ledger.for_node(node, exclude=None)
-                ledgers[node.pk].ports.add(deployment.router_port)
-            ledger = ledgers[node.pk]
-            ports[f"{role}-{index}"] = {"port": ledger.port(role),
-                                        "side_channel_port": ledger.side_channel_port()}
+    for worker in revisions.shadow_workers(deployment, spec):
+        if worker.node.pk not in ledgers:
+            ledgers[worker.node.pk] = Ledger.for_node(worker.node, exclude=None)
+            ledgers[worker.node.pk].ports.add(deployment.router_port)
+        ledger = ledgers[worker.node.pk]
+        ports[worker.slot] = {"port": ledger.port(worker.role),
+                              "side_channel_port": ledger.side_channel_port()}
     return ports
 
 
