@@ -24,5 +24,6 @@ APP_ORDER: tuple[str, ...] = (
     "playground",   # chat with a deployment through its router
     "alerts",       # alert rules over the metrics, silences, notifiers and the alert dashboard
     "rollouts",     # revisions of a deployment and the rollouts between them
+    "autoscaling",  # pool policies, the autoscaler's decisions; it pauses during a rollout
     "control",      # composition root: the deployment lifecycle, its pages, the supervise daemon
 )

@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "console.quality",
     "console.alerts",
     "console.rollouts",
+    "console.autoscaling",
     "console.control",
 ]
 
@@ -257,6 +258,9 @@ PDSERVE_SUPERVISOR_TICK_S = float(env_int("PDSERVE_SUPERVISOR_TICK_MS", 500, 50,
 # Alerts: how often the evaluator runs (5 s, as the ready-made rules' windows assume), and the
 # address notifications link back to (Alertmanager's externalURL, generatorURL).
 PDSERVE_ALERT_TICK_S = float(env_int("PDSERVE_ALERT_TICK_MS", 5000, 200, 60_000)) / 1000
+# Autoscaling: how often each pool policy is evaluated (every 5 s: a policy's windows are tens
+# of seconds and more; Dynamo's planner reads every 180 s, AIBrix every 15 s).
+PDSERVE_AUTOSCALE_TICK_S = float(env_int("PDSERVE_AUTOSCALE_TICK_MS", 5000, 200, 600_000)) / 1000
 PDSERVE_EXTERNAL_URL = env_str("PDSERVE_EXTERNAL_URL",
                                f"http://{PDSERVE_CONSOLE_HOST}:{PDSERVE_CONSOLE_PORT}").rstrip("/")
 # Email notifiers send through Django's mail backend: SMTP, configured here.

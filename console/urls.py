@@ -24,6 +24,7 @@ urlpatterns = [
     path("api/v1/", include("console.playground.api.urls")),
     path("api/v1/", include("console.alerts.api.urls")),
     path("api/v1/", include("console.rollouts.api.urls")),
+    path("api/v1/", include("console.autoscaling.api.urls")),
     path("", include("console.audit.urls")),
     path("", include("console.accounts.urls")),
     path("", include("console.credentials.urls")),

@@ -47,6 +47,8 @@ ROUTER_IN_FLIGHT = "pdserve_router_in_flight"
 ROUTER_FALLBACK = "pdserve_router_pd_fallback_total"
 ROUTER_BACKEND_ERRORS = "pdserve_router_backend_errors_total"
 ROUTER_HANDOFFS = "pdserve_router_kv_handoffs_total"
+ROUTER_PREFILL_BACKLOG = "pdserve_router_prefill_tokens_in_flight"
+ROUTER_PREFILL_SPEED = "pdserve_router_prefill_tokens_per_second"
 
 # A vLLM scrape is 20-40 KB, mostly families nobody charts here; only lines starting with
 # these names reach the (pure Python) parser, which keeps a 1 s scrape of many workers cheap.
@@ -206,6 +208,11 @@ def router_stats(prev: Scrape | None, cur: Scrape) -> dict[str, Any]:
         "fallback_ps": _round(_rate(prev, cur, ROUTER_FALLBACK), 3),
         "in_flight": dict(in_flight),
         "backend_errors_ps": _backend_error_rates(prev, cur),
+        # Summed over revision groups; the speed is per prefill worker (one prompt at a time),
+        # the fastest group's, 0 until measured.
+        "prefill_tokens_in_flight": cur.sum(ROUTER_PREFILL_BACKLOG),
+        "prefill_speed": max((value for labels, value in cur.samples.get(ROUTER_PREFILL_SPEED, [])
+                              if labels.get("where") == "remote"), default=None),
     }
     if cur.has(ROUTER_HANDOFFS):
         stats["handoffs"] = handoff_pairs(prev, cur)

@@ -28,11 +28,10 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db import connection, transaction
 from django.utils import timezone
 
-from console.alerts import rule_states
+from console.alerts import leases, rule_states
 from console.alerts import series as catalog
 from console.alerts.delivery import Notice, enqueue
 from console.alerts.facts import foreign_ports, missing_families
@@ -41,7 +40,6 @@ from console.alerts.models import (
     AlertEvent,
     AlertRule,
     AlertState,
-    EvaluatorLease,
     Fact,
 )
 from console.alerts.muting import muted_by
@@ -64,7 +62,11 @@ LEASE_S = 15.0
 MIN_HISTORY_S = 60.0
 SECOND = MetricSample.Resolution.SECOND
 FACT_REFRESH = timedelta(seconds=15)
-TICK_FACTS = ("deployment.gate_failed", "deployment.foreign_ports", "deployment.metrics_missing")
+TICK_FACTS = ("deployment.gate_failed", "deployment.foreign_ports", "deployment.metrics_missing",
+              "deployment.scale_refused")
+# Facts another loop writes (the autoscaler): read as stored, 0 once older than this.
+STORED_FACTS = ("deployment.scale_refused",)
+STORED_FACT_FRESH = timedelta(seconds=60)
 
 
 def fingerprint(labels: dict[str, str]) -> str:
@@ -122,18 +124,9 @@ class Evaluator:
     # ---- the lease -------------------------------------------------------------------------
     def hold_lease(self, now: datetime) -> bool:
         """Take or renew the lease; False while another evaluator holds it."""
-        until = now + timedelta(seconds=self.lease_s)
-        renewed = EvaluatorLease.objects.filter(name=LEASE_NAME).filter(
-            Q(holder=self.holder) | Q(expires_at__lt=now)).update(holder=self.holder,
-                                                                    expires_at=until)
-        if not renewed:
-            try:
-                with transaction.atomic():
-                    EvaluatorLease.objects.create(name=LEASE_NAME, holder=self.holder,
-                                                  expires_at=until)
-            except IntegrityError:
-                self._release_memory()
-                return False
+        if not leases.hold(LEASE_NAME, self.holder, self.lease_s, now):
+            self._release_memory()
+            return False
         if not self._held:
             # Another evaluator may have changed every alert since this one last held it.
             self._release_memory()
@@ -142,7 +135,7 @@ class Evaluator:
         return True
 
     def release_lease(self) -> None:
-        EvaluatorLease.objects.filter(name=LEASE_NAME, holder=self.holder).delete()
+        leases.release(LEASE_NAME, self.holder)
         self._release_memory()
 
     def _release_memory(self) -> None:
@@ -303,8 +296,14 @@ class Evaluator:
         if "deployment.metrics_missing" in wanted:
             facts["deployment.metrics_missing"], cache.notes["deployment.metrics_missing"] = (
                 missing_families(rules, processes, now))
+        for name in wanted & set(STORED_FACTS):
+            stored = Fact.objects.filter(deployment=deployment, series=name,
+                                         at__gte=now - STORED_FACT_FRESH).first()
+            facts[name] = stored.value if stored else 0.0
         cache.fact_frames.append(catalog.Frame(now.timestamp(), {}, facts))
         for name, value in facts.items():
+            if name in STORED_FACTS:
+                continue  # its writer keeps it
             written = cache.facts_written.get(name)
             # Rewritten when it changes, and often enough for the export to call it fresh.
             if written is None or written[0] != value or now - written[1] >= FACT_REFRESH:

@@ -134,6 +134,8 @@ SERIES: dict[str, SeriesDef] = {s.name: s for s in (
               "and a live worker's scrape lacks", "families", (), "max"),
     SeriesDef("deployment.gate_failed", "1 while the latest output gate failed", "bool", (),
               "max"),
+    SeriesDef("deployment.scale_refused", "1 while the autoscaler cannot grow a pool because "
+              "the node lacks the memory for another instance", "bool", (), "max"),
 )}
 
 

@@ -22,6 +22,8 @@ HANDOFFS = "pdserve_router_kv_handoff_seconds_count"
 LATENCIES = {"ttft_p95": "pdserve_router_ttft_seconds", "itl_p95": "pdserve_router_itl_seconds",
              "tpot_p95": "pdserve_router_tpot_seconds"}
 QUANTILE = 0.95
+# The revision label of a scrape whose revisions are summed (``merged``).
+ALL = "*"
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
@@ -81,7 +83,7 @@ def parse(text: str) -> Scrape:
     return scrape
 
 
-def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
+def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
     """Prometheus' histogram_quantile over cumulative ``(upper bound, count)`` rows."""
     rows = sorted(buckets)
     if not rows or rows[-1][1] <= 0:
@@ -99,8 +101,26 @@ def quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
     return lower
 
 
-def window(before: Scrape, after: Scrape, revision: str) -> dict[str, float | None]:
-    """The revision's measures over the window between two scrapes."""
+def merged(scrape: Scrape) -> Scrape:
+    """The scrape with every revision's counters and buckets summed under ``ALL``."""
+    counts: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    for by_name in scrape.counts.values():
+        for name, value in by_name.items():
+            counts[name] = counts.get(name, 0.0) + value
+    for by_metric in scrape.buckets.values():
+        for metric, rows in by_metric.items():
+            summed = buckets.setdefault(metric, {})
+            for bound, count in rows:
+                summed[bound] = summed.get(bound, 0.0) + count
+    return Scrape(counts={ALL: counts},
+                  buckets={ALL: {m: sorted(rows.items()) for m, rows in buckets.items()}})
+
+
+def window(before: Scrape, after: Scrape, revision: str,
+           quantile: float = QUANTILE) -> dict[str, float | None]:
+    """The revision's measures over the window between two scrapes; the latency measures are
+    the ``quantile`` (named as the analysis names them, p95)."""
     def delta(name: str) -> float:
         return max(0.0, after.count(revision, name) - before.count(revision, name))
 
@@ -115,7 +135,7 @@ def window(before: Scrape, after: Scrape, revision: str) -> dict[str, float | No
         old = dict(before.buckets.get(revision, {}).get(metric, []))
         rows = [(bound, count - old.get(bound, 0.0))
                 for bound, count in after.buckets.get(revision, {}).get(metric, [])]
-        values[metric] = quantile(QUANTILE, rows)
+        values[metric] = histogram_quantile(quantile, rows)
     return values
 
 

@@ -63,6 +63,31 @@ class PrefillStage:
         if self.uses_params:
             body["kv_transfer_params"] = dict(NIXL_PREFILL_PARAMS)
 
+        backlog = self.metrics.prefill_tokens_in_flight.labels(self.calls.revision)
+        tokens = len(parsed.prompt_token_ids)
+        backlog.inc(tokens)
+        try:
+            data, answered, elapsed = await self._compute(parsed, body, timeline)
+        finally:
+            backlog.dec(tokens)
+        self.metrics.prefill_seconds.labels(self.calls.revision).observe(elapsed)
+        timeline.mark("prefill_done")
+
+        prefill_ids = prompt_token_ids(parsed.endpoint, data)
+        if self.placer is not None:
+            self.placer.remote_speed.observe(
+                len(prefill_ids) if prefill_ids is not None else len(parsed.prompt_token_ids),
+                elapsed)
+        if prefill_ids is not None:
+            timeline.prompt_tokens = len(prefill_ids)
+        decode_body, hands_off = self._decode_body(parsed, data, prefill_ids, timeline)
+        # The worker that computed the prompt holds its KV until decode has pulled it.
+        return decode_body, answered.lease_kv() if hands_off else None
+
+    async def _compute(self, parsed: ParsedRequest, body: dict[str, Any], timeline: Timeline
+                       ) -> tuple[dict[str, Any], Backend, float]:
+        """The prefill call itself (waiting for a slot first under pd_adaptive): the answer, the
+        worker that gave it and the seconds it took."""
         if self.placer is None:
             backend = self.calls.pick("prefill", parsed)
         else:
@@ -80,20 +105,7 @@ class PrefillStage:
         finally:
             if self.placer is not None:
                 self.placer.queue.release(backend, self._free_chooser(parsed))
-        elapsed = time.perf_counter() - started
-        self.metrics.prefill_seconds.labels(self.calls.revision).observe(elapsed)
-        timeline.mark("prefill_done")
-
-        prefill_ids = prompt_token_ids(parsed.endpoint, data)
-        if self.placer is not None:
-            self.placer.remote_speed.observe(
-                len(prefill_ids) if prefill_ids is not None else len(parsed.prompt_token_ids),
-                elapsed)
-        if prefill_ids is not None:
-            timeline.prompt_tokens = len(prefill_ids)
-        decode_body, hands_off = self._decode_body(parsed, data, prefill_ids, timeline)
-        # The worker that computed the prompt holds its KV until decode has pulled it.
-        return decode_body, answered.lease_kv() if hands_off else None
+        return data, answered, time.perf_counter() - started
 
     def _decode_body(self, parsed: ParsedRequest, data: dict[str, Any],
                      prefill_ids: list[int] | None,

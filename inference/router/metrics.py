@@ -117,6 +117,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "pd_adaptive: measured prefill speed, on prefill workers (remote) and on decode "
                "workers (local); 0 until measured",
                ("where", "revision")),
+    MetricSpec("prefill_tokens_in_flight", Gauge, "pdserve_router_prefill_tokens_in_flight",
+               "Prompt tokens sent to prefill (or waiting in the router for a prefill slot) and "
+               "not computed yet: the backlog a prefill autoscaler sizes the pool on",
+               ("revision",)),
     MetricSpec("prefill_busy_fraction", Gauge, "pdserve_router_prefill_busy_fraction",
                "pd_adaptive: share of the last 30 s during which a remote prefill ran",
                ("revision",)),
@@ -165,6 +169,7 @@ class RouterMetrics:
     prefill_queue_wait_seconds: Histogram
     adaptive_local_max_tokens: Gauge
     prefill_speed: Gauge
+    prefill_tokens_in_flight: Gauge
     prefill_busy_fraction: Gauge
     ttft_seconds: Histogram
     itl_seconds: Histogram
@@ -254,5 +259,5 @@ class RouterMetrics:
         and histograms stay, so that rates over a window that saw it remain right."""
         for gauge in (self.backend_up, self.in_flight, self.prefill_queue_depth,
                       self.adaptive_local_max_tokens, self.prefill_speed,
-                      self.prefill_busy_fraction):
+                      self.prefill_busy_fraction, self.prefill_tokens_in_flight):
             gauge.remove_by_labels({"revision": revision})

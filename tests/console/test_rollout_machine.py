@@ -176,7 +176,7 @@ def test_analysis_passes_fails_and_holds_on_too_few_requests() -> None:
 
 
 def test_quantiles_follow_prometheus_histogram_quantile() -> None:
-    assert analysis.quantile(0.5, [(1.0, 50), (2.0, 100), (INF, 100)]) == 1.0
-    assert analysis.quantile(0.95, [(1.0, 50), (2.0, 100), (INF, 100)]) == pytest.approx(1.9)
-    assert analysis.quantile(0.99, [(1.0, 50), (2.0, 98), (INF, 100)]) == 2.0
-    assert analysis.quantile(0.5, [(1.0, 0), (INF, 0)]) is None
+    assert analysis.histogram_quantile(0.5, [(1.0, 50), (2.0, 100), (INF, 100)]) == 1.0
+    assert analysis.histogram_quantile(0.95, [(1.0, 50), (2.0, 100), (INF, 100)]) == pytest.approx(1.9)
+    assert analysis.histogram_quantile(0.99, [(1.0, 50), (2.0, 98), (INF, 100)]) == 2.0
+    assert analysis.histogram_quantile(0.5, [(1.0, 0), (INF, 0)]) is None

@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from console.alerts.delivery import DeliveryWorker
 from console.alerts.evaluation import Evaluator
 from console.audit.actors import acting_as
+from console.autoscaling.runner import Autoscaler
 from console.control.daemon import Supervisor
 from console.gateway.sync import KeySync
 from console.supervisor.models import ManagedProcess
@@ -66,6 +67,9 @@ class Command(BaseCommand):
         evaluator, deliveries = Evaluator(interval_s=settings.PDSERVE_ALERT_TICK_S), DeliveryWorker()
         evaluator.start()
         deliveries.start()
+        # Autoscaling: decisions change plans; the ticks below start and stop the workers.
+        autoscaler = Autoscaler()
+        autoscaler.start()
         try:
             # What the daemon changes is the system's doing in the audit log, not a command's.
             with acting_as("system", "supervise"):
@@ -80,6 +84,7 @@ class Command(BaseCommand):
             key_sync.stop()
             evaluator.stop()
             deliveries.stop()
+            autoscaler.stop()
             self.stdout.write("supervisor: stopped")
             lock.close()
 

@@ -1,0 +1,51 @@
+"""Pool policies, the ratio band and decisions in the API."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from console.autoscaling.models import PoolPolicy, RatioBand, ScalingDecision, Signal
+from console.autoscaling.services import EDITABLE
+
+
+class PolicySerializer(serializers.ModelSerializer):
+    signal = serializers.ChoiceField(choices=Signal.choices, required=False)
+    scale_up_at = serializers.FloatField(required=False, min_value=0.0,
+                                         help_text="default: the signal's (see the README)")
+    scale_down_at = serializers.FloatField(required=False, min_value=0.0,
+                                           help_text="default: the signal's")
+
+    class Meta:
+        model = PoolPolicy
+        fields = ["role", *EDITABLE, "updated"]
+        read_only_fields = ["role", "updated"]
+
+
+class RatioBandSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RatioBand
+        fields = ["min_ratio", "max_ratio"]
+
+
+class DecisionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ScalingDecision
+        fields = ["id", "role", "at", "last_at", "evaluations", "signal", "value", "inputs",
+                  "current", "desired", "target", "action", "reason", "detail", "dry_run",
+                  "slots", "progress"]
+        read_only_fields = fields
+
+
+class PoolSerializer(serializers.Serializer):
+    role = serializers.CharField()
+    current = serializers.IntegerField(help_text="instances in the plan")
+    ready = serializers.IntegerField(help_text="of those, ready")
+    desired = serializers.IntegerField(allow_null=True,
+                                       help_text="what the latest decision asked for")
+    policy = PolicySerializer(allow_null=True)
+    latest = DecisionSerializer(allow_null=True)
+
+
+class AutoscalingSerializer(serializers.Serializer):
+    pools = PoolSerializer(many=True)
+    ratio_band = RatioBandSerializer(allow_null=True)

@@ -1,0 +1,18 @@
+from console.api_router import ID, api_path
+from console.autoscaling.api.views import (
+    AutoscalingView,
+    DecisionList,
+    PolicyView,
+    RatioBandView,
+)
+
+urlpatterns = [
+    api_path(rf"deployments/{ID}/autoscaling", AutoscalingView.as_view(),
+             name="deployment-autoscaling"),
+    api_path(rf"deployments/{ID}/autoscaling/ratio-band", RatioBandView.as_view(),
+             name="deployment-ratio-band"),
+    api_path(rf"deployments/{ID}/autoscaling/(?P<role>[a-z_]+)",
+             PolicyView.as_view(), name="deployment-pool-policy"),
+    api_path(rf"deployments/{ID}/scaling-decisions", DecisionList.as_view(),
+             name="deployment-scaling-decisions"),
+]

@@ -1,0 +1,348 @@
+"""The autoscaler: every few seconds, each pool policy of each running deployment is read,
+decided (console/autoscaling/decide.py) and, when the policy is active, acted on through the
+plan (console/autoscaling/actions.py); the supervisor starts, joins, drains and stops.
+
+Like the alert evaluator, every supervisor runs the loop and the one holding the database
+lease ``autoscaler`` evaluates, so two consoles never both grow a pool. The stabilization
+history lives in memory: a new holder starts with empty windows, which hold changes until the
+windows are covered again (it never acts on less history than the policy asks for).
+
+Each decision that changes or would change a pool is stored; the same decision made again in a
+row (the same reason, counts and action) extends the stored one rather than adding a row. A
+change's progress is followed after: when each added worker became ready and joined the
+router, when each removed one left the router's pools and stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from console.alerts import leases
+from console.alerts.models import Fact
+from console.alerts.snapshots import first_ready, first_starts
+from console.autoscaling import decide
+from console.autoscaling.actions import Refused, resize
+from console.autoscaling.models import PoolPolicy, RatioBand, ScalingDecision
+from console.autoscaling.schedules import scheduled_minimum
+from console.autoscaling.signals import History, read
+from console.autoscaling.streams import decision_message, reading_message
+from console.deployments.models import Deployment
+from console.gateway.router_admin import AdminUnreadable, admin_get, router_running
+from console.live.groups import deployment_group, emit
+from console.live.models import MetricSample, ProcessScrape
+from console.rollouts.models import Rollout
+from console.supervisor.models import ManagedProcess
+
+log = logging.getLogger("pdserve.autoscaler")
+
+LEASE_NAME = "autoscaler"
+REFUSED_FACT = "deployment.scale_refused"
+SECOND = MetricSample.Resolution.SECOND
+# A change's progress is followed this long at most.
+FOLLOW_S = 1800.0
+
+
+@dataclass
+class _Pool:
+    history: deque[tuple[float, int | None]] = field(default_factory=deque)
+    # When a dry run would have changed the pool: its cooldown counts from there.
+    dry_change_at: float | None = None
+
+
+@dataclass
+class TickReport:
+    evaluated: bool
+    pools: int = 0
+    decisions: int = 0
+    changes: int = 0
+    seconds: float = 0.0
+
+
+def policy_of(row: PoolPolicy) -> decide.Policy:
+    return decide.Policy(min_instances=row.min_instances, max_instances=row.max_instances,
+                         scale_up_at=row.scale_up_at, scale_down_at=row.scale_down_at,
+                         up_window_s=row.up_window_s, down_window_s=row.down_window_s,
+                         max_step=row.max_step, cooldown_s=row.cooldown_s)
+
+
+class Autoscaler:
+    def __init__(self, holder: str | None = None, interval_s: float | None = None,
+                 lease_s: float | None = None) -> None:
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.interval_s = interval_s or settings.PDSERVE_AUTOSCALE_TICK_S
+        self.lease_s = lease_s or 3 * self.interval_s
+        self._held = False
+        self._histories: dict[int, History] = {}
+        self._pools: dict[tuple[int, str], _Pool] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- one evaluation ----------------------------------------------------------------
+    def tick(self, now: datetime | None = None) -> TickReport:
+        started = time.perf_counter()
+        now = now or timezone.now()
+        if not leases.hold(LEASE_NAME, self.holder, self.lease_s, now):
+            self._forget()
+            return TickReport(evaluated=False)
+        self._held = True
+        report = TickReport(evaluated=True)
+        policies: dict[int, list[PoolPolicy]] = {}
+        for row in PoolPolicy.objects.exclude(mode=PoolPolicy.Mode.OFF).select_related(
+                "deployment"):
+            if row.deployment.desired_state == Deployment.DesiredState.RUNNING:
+                policies.setdefault(row.deployment_id, []).append(row)
+        for gone in set(self._histories) - set(policies):
+            del self._histories[gone]
+        self._pools = {key: pool for key, pool in self._pools.items() if key[0] in policies}
+        for rows in policies.values():
+            decided = self._evaluate(rows[0].deployment, rows, now)
+            report.pools += len(rows)
+            report.decisions += decided[0]
+            report.changes += decided[1]
+        self._follow(now)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _evaluate(self, deployment: Deployment, rows: list[PoolPolicy], now: datetime
+                  ) -> tuple[int, int]:
+        at = now.timestamp()
+        planned = {w.slot: w for w in deployment.workers.all()}
+        processes = {p.slot: p for p in ManagedProcess.objects.filter(
+            deployment=deployment, kind__in=ManagedProcess.PLANNED_KINDS)}
+        history = self._read(deployment, planned, processes, at)
+        rollout = Rollout.objects.filter(deployment=deployment,
+                                         state__in=Rollout.ACTIVE_STATES).first()
+        decisions: dict[str, tuple[PoolPolicy, decide.Decision, dict[str, Any], float | None]] = {}
+        for row in rows:
+            slots = [slot for slot, w in planned.items() if w.role == row.role]
+            if not slots:
+                continue  # the plan's mode has no such pool now
+            ready = sum(1 for s in slots if s in processes
+                        and processes[s].state == ManagedProcess.State.READY)
+            reading = read(row.signal, row.role, history, at, ready,
+                           deployment.ttft_slo_ms / 1000, deployment.tpot_slo_ms / 1000)
+            policy = policy_of(row)
+            floor, window_name = scheduled_minimum(row.schedules, now)
+            pool_state = self._pools.setdefault((deployment.pk, row.role), _Pool())
+            asked = decide.asked_for(len(slots), reading.value, policy)
+            pool_state.history.append((at, asked))
+            keep = max(policy.up_window_s, policy.down_window_s) + 2 * self.interval_s
+            while pool_state.history and pool_state.history[0][0] < at - keep:
+                pool_state.history.popleft()
+            pool = decide.Pool(
+                current=len(slots), starting=len(slots) - ready, floor=floor,
+                last_change_at=self._last_change(deployment, row, pool_state),
+                rollout=f"{rollout} is {rollout.state}" if rollout else "")
+            decision = decide.decide(policy, pool, list(pool_state.history), at,
+                                     resolution_s=self.interval_s)
+            inputs = {**reading.inputs, "windows": {"up_s": row.up_window_s,
+                                                    "down_s": row.down_window_s},
+                      "scale_up_at": row.scale_up_at, "scale_down_at": row.scale_down_at}
+            if floor:
+                inputs["schedule"] = {"window": window_name, "min_instances": floor}
+            decisions[row.role] = (row, decision, inputs, reading.value)
+            async_to_sync(emit)(deployment_group(deployment.pk), reading_message(
+                deployment.pk, row.role, at, reading.value, asked, len(slots), ready,
+                row.scale_up_at, row.scale_down_at, row.mode))
+        self._band(deployment, decisions)
+        stored = changed = 0
+        refused = False
+        for row, decision, inputs, value in decisions.values():
+            decision, slots, urls = self._act(deployment, row, decision, at)
+            refused = refused or decision.reason == decide.CAPACITY
+            if decision.would_change:
+                self._store(deployment, row, decision, inputs, value, slots, urls, now)
+                stored += 1
+            changed += int(decision.action != "none" and row.mode == PoolPolicy.Mode.ACTIVE)
+        self._refused_fact(deployment, refused, now)
+        return stored, changed
+
+    def _band(self, deployment: Deployment,
+              decisions: dict[str, tuple[PoolPolicy, decide.Decision, dict[str, Any],
+                                         float | None]]) -> None:
+        if "prefill" not in decisions or "decode" not in decisions:
+            return
+        band = RatioBand.objects.filter(deployment=deployment).first()
+        if band is None:
+            return
+        (p_row, p, p_in, p_val), (d_row, d, d_in, d_val) = decisions["prefill"], decisions["decode"]
+        p, d = decide.ratio_band(p, d, band.min_ratio, band.max_ratio, p_row.max_instances,
+                                 d_row.max_instances)
+        ratio = {"min_ratio": band.min_ratio, "max_ratio": band.max_ratio}
+        decisions["prefill"] = (p_row, p, {**p_in, "ratio_band": ratio}, p_val)
+        decisions["decode"] = (d_row, d, {**d_in, "ratio_band": ratio}, d_val)
+
+    def _act(self, deployment: Deployment, row: PoolPolicy, decision: decide.Decision, at: float
+             ) -> tuple[decide.Decision, list[str], list[str]]:
+        if decision.action == "none":
+            return decision, [], []
+        pool_state = self._pools[(deployment.pk, row.role)]
+        if row.mode == PoolPolicy.Mode.DRY_RUN:
+            pool_state.dry_change_at = at
+            return decision, [], []
+        try:
+            resized = resize(deployment, row.role, decision.target)
+        except Refused as refused:
+            log.warning("%s: %s pool not grown to %d: %s", deployment.name, row.role,
+                        decision.target, refused)
+            return (decide.Decision(decision.current, decision.asked, decision.desired,
+                                    decision.current, "none", refused.reason,
+                                    str(refused)[:500]), [], [])
+        log.info("%s: %s pool %d -> %d (%s: %s)", deployment.name, row.role, decision.current,
+                 decision.target, decision.reason, decision.detail)
+        return decision, resized.slots, resized.urls
+
+    def _last_change(self, deployment: Deployment, row: PoolPolicy, pool: _Pool) -> float | None:
+        if row.mode == PoolPolicy.Mode.DRY_RUN:
+            return pool.dry_change_at
+        last = (ScalingDecision.objects.filter(deployment=deployment, role=row.role,
+                                               dry_run=False)
+                .exclude(action=ScalingDecision.Action.NONE).order_by("-at").first())
+        return last.at.timestamp() if last else None
+
+    # ---- storing ------------------------------------------------------------------------
+    def _store(self, deployment: Deployment, row: PoolPolicy, decision: decide.Decision,
+               inputs: dict[str, Any], value: float | None, slots: list[str], urls: list[str],
+               now: datetime) -> None:
+        dry_run = row.mode == PoolPolicy.Mode.DRY_RUN
+        previous = (ScalingDecision.objects.filter(deployment=deployment, role=row.role)
+                    .order_by("-at", "-pk").first())
+        same = (previous is not None and decision.action == "none" and previous.action == "none"
+                and previous.reason == decision.reason and previous.current == decision.current
+                and previous.desired == decision.desired and previous.dry_run == dry_run
+                and (now - previous.last_at).total_seconds() < 3 * self.interval_s)
+        if same:
+            previous.last_at, previous.evaluations = now, previous.evaluations + 1
+            previous.value, previous.inputs, previous.detail = value, inputs, decision.detail
+            previous.save(update_fields=["last_at", "evaluations", "value", "inputs", "detail"])
+            saved = previous
+        else:
+            saved = ScalingDecision.objects.create(
+                deployment=deployment, role=row.role, at=now, last_at=now, signal=row.signal,
+                value=value, inputs=inputs, current=decision.current, desired=decision.desired,
+                target=decision.target, action=decision.action, reason=decision.reason,
+                detail=decision.detail[:500], dry_run=dry_run,
+                slots=[{"slot": s, "url": u} for s, u in zip(slots, urls, strict=True)],
+                progress={"decided_at": now.isoformat()} if slots else {})
+        self._broadcast(deployment, saved)
+
+    def _broadcast(self, deployment: Deployment, decision: ScalingDecision) -> None:
+        async_to_sync(emit)(deployment_group(deployment.pk), decision_message(decision))
+
+    def _refused_fact(self, deployment: Deployment, refused: bool, now: datetime) -> None:
+        """1 while a pool's growth is refused for the node's capacity: the alert rule
+        "scale-up refused" watches it."""
+        Fact.objects.update_or_create(deployment=deployment, series=REFUSED_FACT,
+                                      defaults={"value": float(refused), "at": now})
+
+    # ---- following a change ---------------------------------------------------------------
+    def _follow(self, now: datetime) -> None:
+        since = datetime.fromtimestamp(now.timestamp() - FOLLOW_S, tz=UTC)
+        open_changes = ScalingDecision.objects.filter(
+            at__gte=since, dry_run=False, action__in=["up", "down"]).exclude(
+            progress__has_key="done_at").select_related("deployment")
+        for decision in open_changes:
+            progress = dict(decision.progress)
+            members = self._members(decision.deployment)
+            done = True
+            for entry in decision.slots:
+                slot, url = entry["slot"], entry["url"]
+                key = slot.replace("-", "_")
+                if decision.action == "up":
+                    process = ManagedProcess.objects.filter(deployment=decision.deployment,
+                                                            slot=slot).first()
+                    if process is not None and process.ready_at and f"{key}_ready_at" not in progress:
+                        progress[f"{key}_ready_at"] = process.ready_at.isoformat()
+                    if members is not None and url in members and f"{key}_joined_at" not in progress:
+                        progress[f"{key}_joined_at"] = now.isoformat()
+                    done = done and f"{key}_joined_at" in progress
+                else:
+                    if members is not None and url not in members and f"{key}_left_at" not in progress:
+                        progress[f"{key}_left_at"] = now.isoformat()
+                    gone = not ManagedProcess.objects.filter(
+                        deployment=decision.deployment, slot=slot,
+                        state__in=[ManagedProcess.State.READY, ManagedProcess.State.STARTING,
+                                   ManagedProcess.State.STOPPING]).exists()
+                    if gone and f"{key}_stopped_at" not in progress:
+                        progress[f"{key}_stopped_at"] = now.isoformat()
+                    done = done and f"{key}_stopped_at" in progress
+            if done:
+                progress["done_at"] = now.isoformat()
+            if progress != decision.progress:
+                decision.progress = progress
+                decision.save(update_fields=["progress"])
+                self._broadcast(decision.deployment, decision)
+
+    def _members(self, deployment: Deployment) -> set[str] | None:
+        """The urls in the router's pools that take requests (None: unknown now)."""
+        if not router_running(deployment):
+            return None
+        try:
+            data = admin_get(deployment, "/backends", timeout_s=2.0)
+            return {backend["url"] for pool in data["roles"].values()
+                    for backend in pool["backends"] if backend["state"] != "draining"}
+        except (AdminUnreadable, KeyError, TypeError) as exc:
+            log.info("%s: the router's pools are unreadable now (%s)", deployment.name, exc)
+            return None
+
+    # ---- inputs ---------------------------------------------------------------------------
+    def _read(self, deployment: Deployment, planned: dict[str, Any],
+              processes: dict[str, ManagedProcess], at: float) -> History:
+        history = self._histories.setdefault(deployment.pk, History())
+        rows = MetricSample.objects.filter(deployment=deployment, resolution=SECOND,
+                                           id__gt=history.last_sample_id)
+        if not history.last_sample_id:
+            rows = rows.filter(created__gt=datetime.fromtimestamp(at - 150, tz=UTC))
+        history.add_samples(((i, created.timestamp(), data) for i, created, data in
+                             rows.order_by("id").values_list("id", "created", "data")),
+                            planned, first_starts(planned, processes), first_ready(processes))
+        router = processes.get("router")
+        if router is not None and router.state == ManagedProcess.State.READY:
+            scrape = ProcessScrape.objects.filter(process=router).first()
+            if scrape is not None:
+                history.add_scrape(scrape.scraped.timestamp(), scrape.text)
+        history.trim(at)
+        return history
+
+    # ---- the thread -----------------------------------------------------------------------
+    def _forget(self) -> None:
+        self._held = False
+        self._histories.clear()
+        self._pools.clear()
+
+    def start(self) -> None:
+        def loop() -> None:
+            try:
+                while not self._stop.is_set():
+                    started = time.monotonic()
+                    try:
+                        self.tick()
+                    except Exception:  # a locked database must not end autoscaling
+                        log.exception("an autoscaler evaluation failed; retrying")
+                    self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+                if self._held:
+                    leases.release(LEASE_NAME, self.holder)
+            finally:
+                connection.close()
+
+        self._thread = threading.Thread(target=loop, name="autoscaler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=30)
+            self._thread = None
