@@ -153,6 +153,8 @@ class ScalingDecision(models.Model):
     # Slots added or removed, and when each became ready, joined the router, or left it.
     slots = models.JSONField(default=list, blank=True)
     progress = models.JSONField(default=dict, blank=True)
+    # Every save: the hub (embedded mode) sends rows changed since its last poll.
+    changed = models.DateTimeField(auto_now=True, db_index=True)
 
     class Meta:
         ordering = ["-at", "-pk"]
@@ -161,3 +163,27 @@ class ScalingDecision(models.Model):
     def __str__(self) -> str:
         return (f"{self.deployment_id}/{self.role} {self.action} {self.current}->{self.target} "
                 f"({self.reason})")
+
+
+class PoolReading(models.Model):
+    """One evaluation of a pool, whatever was decided: the page charts the signal from these.
+    Kept for ``READINGS_KEPT_S``."""
+
+    deployment = models.ForeignKey("deployments.Deployment", on_delete=models.CASCADE,
+                                   related_name="pool_readings")
+    role = models.CharField(max_length=10)
+    at = models.DateTimeField()
+    value = models.FloatField(null=True)
+    asked = models.PositiveSmallIntegerField(null=True)
+    current = models.PositiveSmallIntegerField()
+    ready = models.PositiveSmallIntegerField()
+    scale_up_at = models.FloatField()
+    scale_down_at = models.FloatField()
+    mode = models.CharField(max_length=10)
+
+    class Meta:
+        ordering = ["at", "pk"]
+        indexes = [models.Index(fields=["deployment", "role", "at"]), models.Index(fields=["at"])]
+
+
+READINGS_KEPT_S = 3600

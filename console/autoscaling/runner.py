@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -35,7 +35,13 @@ from console.alerts.models import Fact
 from console.alerts.snapshots import first_ready, first_starts
 from console.autoscaling import decide
 from console.autoscaling.actions import Refused, resize
-from console.autoscaling.models import PoolPolicy, RatioBand, ScalingDecision
+from console.autoscaling.models import (
+    READINGS_KEPT_S,
+    PoolPolicy,
+    PoolReading,
+    RatioBand,
+    ScalingDecision,
+)
 from console.autoscaling.schedules import scheduled_minimum
 from console.autoscaling.signals import History, read
 from console.autoscaling.streams import decision_message, reading_message
@@ -113,6 +119,7 @@ class Autoscaler:
             report.decisions += decided[0]
             report.changes += decided[1]
         self._follow(now)
+        PoolReading.objects.filter(at__lt=now - timedelta(seconds=READINGS_KEPT_S)).delete()
         report.seconds = time.perf_counter() - started
         return report
 
@@ -154,9 +161,10 @@ class Autoscaler:
             if floor:
                 inputs["schedule"] = {"window": window_name, "min_instances": floor}
             decisions[row.role] = (row, decision, inputs, reading.value)
-            async_to_sync(emit)(deployment_group(deployment.pk), reading_message(
-                deployment.pk, row.role, at, reading.value, asked, len(slots), ready,
-                row.scale_up_at, row.scale_down_at, row.mode))
+            self._send(deployment, reading_message(PoolReading.objects.create(
+                deployment=deployment, role=row.role, at=now, value=reading.value, asked=asked,
+                current=len(slots), ready=ready, scale_up_at=row.scale_up_at,
+                scale_down_at=row.scale_down_at, mode=row.mode)))
         self._band(deployment, decisions)
         stored = changed = 0
         refused = False
@@ -240,7 +248,13 @@ class Autoscaler:
         self._broadcast(deployment, saved)
 
     def _broadcast(self, deployment: Deployment, decision: ScalingDecision) -> None:
-        async_to_sync(emit)(deployment_group(deployment.pk), decision_message(decision))
+        self._send(deployment, decision_message(decision))
+
+    @staticmethod
+    def _send(deployment: Deployment, message: dict[str, Any]) -> None:
+        # Without Redis only the console's own process reaches its sockets: its hub polls.
+        if settings.REDIS_URL:
+            async_to_sync(emit)(deployment_group(deployment.pk), message)
 
     def _refused_fact(self, deployment: Deployment, refused: bool, now: datetime) -> None:
         """1 while a pool's growth is refused for the node's capacity: the alert rule

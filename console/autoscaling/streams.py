@@ -1,11 +1,15 @@
-"""What the autoscaler sends over a deployment's socket: each stored or extended decision, for
-the autoscaling page and the deployment page's events list."""
+"""What the autoscaler sends over a deployment's socket (group ``deployment-<id>``): each stored
+or extended decision, for the autoscaling page and the deployment page's events list, and each
+pool reading, for the page's chart.
+
+With Redis the autoscaler sends them as it stores them; in the embedded mode the console's hub
+polls the stored rows (console/autoscaling/scaling_socket.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from console.autoscaling.models import ScalingDecision
+from console.autoscaling.models import PoolReading, ScalingDecision
 
 MESSAGE_TYPE = "scaling.decision"
 READING_TYPE = "scaling.reading"
@@ -27,10 +31,14 @@ def decision_message(decision: ScalingDecision) -> dict[str, Any]:
             "decision": decision_data(decision)}
 
 
-def reading_message(deployment_id: int, role: str, at: float, value: float | None,
-                    asked: int | None, current: int, ready: int, scale_up_at: float,
-                    scale_down_at: float, mode: str) -> dict[str, Any]:
-    """One evaluation of a pool, stored or not: the page charts the signal from these."""
-    return {"type": READING_TYPE, "deployment": deployment_id, "role": role, "at": at,
-            "value": value, "asked": asked, "current": current, "ready": ready,
-            "scale_up_at": scale_up_at, "scale_down_at": scale_down_at, "mode": mode}
+def reading_message(reading: PoolReading) -> dict[str, Any]:
+    """One evaluation of a pool, stored or not acted on: the page charts the signal."""
+    return {"type": READING_TYPE, "deployment": reading.deployment_id,
+            "reading": reading_data(reading)}
+
+
+def reading_data(reading: PoolReading) -> dict[str, Any]:
+    return {"role": reading.role, "at": reading.at.isoformat(), "value": reading.value,
+            "asked": reading.asked, "current": reading.current, "ready": reading.ready,
+            "scale_up_at": reading.scale_up_at, "scale_down_at": reading.scale_down_at,
+            "mode": reading.mode}
