@@ -1,7 +1,8 @@
 """Changing a pool's size through the plan, as an operator's edit would.
 
-Growing adds an instance with every value proposed by the plan's placement rules (a free port
-and side-channel port, the least used core or a free GPU) and runs the pre-flight checks that
+Growing adds an instance like the pool's newest one (its node, whether it shares devices) with
+every other value proposed by the plan's placement rules (a free port and side-channel port,
+the least used core or a free GPU) and runs the pre-flight checks that
 a new instance can fail: device and port conflicts, and memory, which is the node's capacity.
 A failing check rolls the change back; nothing is half-written. The supervisor then starts the
 worker, and the pool sync joins it to the router once it is ready.
@@ -63,7 +64,11 @@ def _resize(deployment: Deployment, role: str, target: int) -> Resized:
     before = {w.slot: w.url for w in deployment.workers.filter(role=role)}
     current = len(pool.instances)
     if target > current:
-        pool.instances += [InstanceInput() for _ in range(target - current)]
+        # New instances look like the pool's newest one (its node, whether it declares shared
+        # devices), as a ReplicaSet's pods follow its template; ports and devices are proposed.
+        template = pool.instances[-1]
+        pool.instances += [InstanceInput(node=template.node, share_devices=template.share_devices)
+                           for _ in range(target - current)]
     else:
         pool.instances = pool.instances[:target]
     save_plan(PlanInput(pools={role: pool}, partial=True), deployment)

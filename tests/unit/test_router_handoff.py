@@ -348,3 +348,26 @@ async def test_requests_alternate_between_idle_decode_workers(
         response = await running.client.post(CHAT, json=request_body(CHAT))
         assert response.status == 200
     assert [len(d.requests) for d in decodes] == [2, 2]
+
+
+def _gauge(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(f"{name}{{"))
+
+
+async def test_prompt_tokens_in_prefill_are_the_backlog_gauge_until_prefill_answers(
+        start_router: StartRouter, make_stub: MakeStub) -> None:
+    """What a prefill autoscaler sizes the pool on: the prompt tokens sent to prefill and not
+    computed yet, back to 0 once prefill has answered (and whatever decode does after)."""
+    running, prefill, _decode = await pd_router(start_router, make_stub, "shared-storage")
+    prefill.seconds_per_prompt_token = 0.05
+    body = request_body(COMPLETIONS)
+    tokens = len(prefill._prompt_ids("completions", body))
+    calls = [asyncio.create_task(running.client.post(COMPLETIONS, json=body)) for _ in range(3)]
+    await wait_until(lambda: prefill.active == 3)
+    metrics = await (await running.client.get("/metrics")).text()
+    assert _gauge(metrics, "pdserve_router_prefill_tokens_in_flight") == 3 * tokens
+    for response in await asyncio.gather(*calls):
+        assert response.status == 200, await response.text()
+    metrics = await (await running.client.get("/metrics")).text()
+    assert _gauge(metrics, "pdserve_router_prefill_tokens_in_flight") == 0

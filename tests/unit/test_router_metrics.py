@@ -47,6 +47,7 @@ EXPECTED = [
     ("prefill_queue_wait_seconds", Histogram, "pdserve_router_prefill_queue_wait_seconds", ()),
     ("adaptive_local_max_tokens", Gauge, "pdserve_router_adaptive_local_max_tokens", ("revision",)),
     ("prefill_speed", Gauge, "pdserve_router_prefill_tokens_per_second", ("where", "revision")),
+    ("prefill_tokens_in_flight", Gauge, "pdserve_router_prefill_tokens_in_flight", ("revision",)),
     ("prefill_busy_fraction", Gauge, "pdserve_router_prefill_busy_fraction", ("revision",)),
     ("ttft_seconds", Histogram, "pdserve_router_ttft_seconds", ("revision",)),
     ("itl_seconds", Histogram, "pdserve_router_itl_seconds", ("revision",)),
