@@ -8,7 +8,7 @@ window's ``timezone`` (IANA name; UTC when left out).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -68,14 +68,14 @@ def validate_schedules(value: object) -> None:
 def opened_at(window: dict[str, Any], now: datetime) -> datetime | None:
     """When the window now open opened, or None when it is closed. ``now`` is aware."""
     zone = _zone(window.get("timezone", "UTC"))
-    local = now.astimezone(zone)
+    now_utc = now.astimezone(UTC)
     duration = timedelta(seconds=window["duration_s"])
-    # cronsim works on naive wall-clock times; it yields the first match after its start.
-    start = (local - duration).replace(tzinfo=None)
-    first = next(CronSim(window["cron"], start))
-    if first <= local.replace(tzinfo=None):
-        return first.replace(tzinfo=zone)
-    return None
+    # The window lasts duration_s of elapsed time: its start and the comparison are instants,
+    # since wall-clock arithmetic would make a window over a DST change an hour short or long.
+    # cronsim yields the first match after an aware start, reading the expression in the
+    # start's zone as Debian's cron does (a time the change skips runs just after it).
+    first = next(CronSim(window["cron"], (now_utc - duration).astimezone(zone)))
+    return first if first.astimezone(UTC) <= now_utc else None
 
 
 def scheduled_minimum(schedules: list[dict[str, Any]], now: datetime) -> tuple[int, str]:
