@@ -90,6 +90,14 @@ def rule_specs(deployment: Any) -> list[dict[str, Any]]:
              summary="{deployment}: the output gate failed",
              reason="the workers' answers differ from the reference model's beyond the plan's "
                     "thresholds"),
+        dict(key="scale_refused", name="Scale-up refused", series="deployment.scale_refused",
+             aggregation="last", window_s=30, comparison=">", threshold=0, severity="warning",
+             nodata="ok", labels={"category": "capacity"},
+             summary="{deployment}: the autoscaler cannot grow a pool: the node lacks the "
+                     "memory for another instance",
+             reason="a pool policy asks for an instance the node's memory cannot hold; the "
+                    "autoscaler's decision says which and by how much (KEDA's users get a "
+                    "silent fallback instead)"),
     ]
     if pd:
         specs += [
