@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -133,13 +134,25 @@ def count_workers(handle: Handle, day: Day, done: threading.Event) -> None:
         last = now
 
 
+def share_devices(handle: Handle) -> None:
+    """The borrowed plan pins prefill and decode to the two cores of a 2-core machine: a third
+    worker shares one, which the plan declares (a live edit: nothing restarts)."""
+    body = plan_body(handle.deployment())
+    for role in ("prefill", "decode"):
+        for instance in body[role]["instances"]:
+            instance["share_devices"] = True
+    response = handle.call("PUT", f"/api/v1/deployments/{handle.deployment_id}/", json=body)
+    if response.status_code != 200:
+        raise SystemExit(f"the plan edit was refused: {response.status_code} {response.text}")
+
+
 def set_decode(handle: Handle, count: int, timeout_s: float = 900.0) -> None:
     """Plan ``count`` decode instances and wait until each is ready."""
     deployment = handle.deployment()
     body = plan_body(deployment)
     instances = body["decode"]["instances"]
-    body["decode"]["instances"] = (instances + [{} for _ in range(count - len(instances))]
-                                   )[:count]
+    body["decode"]["instances"] = (instances + [{"share_devices": True}
+                                                for _ in range(count - len(instances))])[:count]
     response = handle.call("PUT", f"/api/v1/deployments/{handle.deployment_id}/", json=body)
     if response.status_code not in (200, 202):
         raise SystemExit(f"the plan edit was refused: {response.status_code} {response.text}")
@@ -154,6 +167,18 @@ def set_decode(handle: Handle, count: int, timeout_s: float = 900.0) -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"decode did not reach {count} ready instances: {processes}")
         time.sleep(2)
+
+
+def idle_cost(handle: Handle, seconds: float = 15.0) -> tuple[float, float]:
+    """What one idle decode worker costs: resident memory of its process tree (GiB) and CPU
+    (% of one core) over ``seconds`` without requests."""
+    pid = handle.processes()["decode-0"]["pid"]
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    times = sum(p.cpu_times().user + p.cpu_times().system for p in tree)
+    time.sleep(seconds)
+    used = sum(p.cpu_times().user + p.cpu_times().system for p in tree) - times
+    rss = sum(p.memory_info().rss for p in tree)
+    return rss / 2**30, 100 * used / seconds
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -219,6 +244,8 @@ def main() -> int:
               "max_step": 1, "cooldown_s": max(30, round(1.5 * hour_s))}
     try:
         with facility.borrow(root) as handle:
+            idle_gib, idle_cpu = idle_cost(handle)
+            share_devices(handle)
             path = f"/api/v1/deployments/{handle.deployment_id}/autoscaling/decode/"
             handle.call("PUT", path, json=policy).raise_for_status()
             since = datetime.now().astimezone()
@@ -241,6 +268,8 @@ def main() -> int:
     print(row(f"static decode {args.peak_decode}", static, ttft_slo, tpot_slo))
     saved = 1 - (sum(scaled.instance_s.values()) / max(1.0, sum(static.instance_s.values())))
     print(f"\ninstance-seconds saved by autoscaling: {saved:.1%}\n")
+    print(f"one idle decode worker (a pool at its minimum keeps one): {idle_gib:.2f} GiB "
+          f"resident, {idle_cpu:.1f} % of one core\n")
     print("| time of day | action | count | desired | reason | signal | evaluations | detail |")
     print("|---|---|---|---|---|---|---|---|")
     for line in scaled_decisions:

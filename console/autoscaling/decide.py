@@ -81,15 +81,19 @@ class Decision:
         return self.reason != STEADY
 
 
-def asked_for(current: int, value: float | None, policy: Policy) -> int | None:
-    """The count the signal asks for at one instant; ``value`` is per instance."""
+def asked_for(current: int, value: float | None, policy: Policy,
+              ready: int | None = None) -> int | None:
+    """The count the signal asks for at one instant; ``value`` is per ready instance (the
+    ones the load was divided by: ``ready``, all ``current`` when not given). Instances still
+    starting count toward the answer, not toward the load."""
     if value is None:
         return None
-    if current <= 0:
-        return 1 if value > 0 else 0
-    proportional = math.ceil(round(current * value / policy.scale_up_at, 9))
+    bearing = current if ready is None else ready
+    if bearing <= 0:
+        return max(current, 1) if value > 0 else current
+    proportional = math.ceil(round(bearing * value / policy.scale_up_at, 9))
     if value > policy.scale_up_at:
-        return max(current + 1, proportional)
+        return max(current, bearing + 1, proportional)
     if value < policy.scale_down_at:
         return min(current, proportional)
     return current

@@ -33,6 +33,8 @@ from django.utils import timezone
 from console.alerts import leases
 from console.alerts.models import Fact
 from console.alerts.snapshots import first_ready, first_starts
+from console.audit.actors import acting_as
+from console.audit.models import AuditEntry
 from console.autoscaling import decide
 from console.autoscaling.actions import Refused, resize
 from console.autoscaling.models import (
@@ -144,7 +146,7 @@ class Autoscaler:
             policy = policy_of(row)
             floor, window_name = scheduled_minimum(row.schedules, now)
             pool_state = self._pools.setdefault((deployment.pk, row.role), _Pool())
-            asked = decide.asked_for(len(slots), reading.value, policy)
+            asked = decide.asked_for(len(slots), reading.value, policy, ready)
             pool_state.history.append((at, asked))
             keep = max(policy.up_window_s, policy.down_window_s) + 2 * self.interval_s
             while pool_state.history and pool_state.history[0][0] < at - keep:
@@ -202,7 +204,10 @@ class Autoscaler:
             pool_state.dry_change_at = at
             return decision, [], []
         try:
-            resized = resize(deployment, row.role, decision.target)
+            # The loop runs in a thread of its own, outside the supervisor's acting_as: the
+            # change is the system's in the audit log, not the command that started it.
+            with acting_as(AuditEntry.Actor.SYSTEM, LEASE_NAME):
+                resized = resize(deployment, row.role, decision.target)
         except Refused as refused:
             log.warning("%s: %s pool not grown to %d: %s", deployment.name, row.role,
                         decision.target, refused)

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -27,9 +28,10 @@ pytestmark = pytest.mark.vllm
 
 # Short windows: the test proves the machine, not the defaults.
 # Four clients keep about 1.5 requests in flight on one decode worker (the rest of each
-# request's time is in prefill and the router), about 0.75 on each of two.
+# request's time is in prefill and the router): above 1, a second is asked for. Two clients on
+# two workers keep about 0.4 on each: between the thresholds, the pool stays.
 POLICY = {"mode": "dry_run", "signal": "concurrency", "min_instances": 1, "max_instances": 2,
-          "scale_up_at": 1.0, "scale_down_at": 0.3, "up_window_s": 10, "down_window_s": 20,
+          "scale_up_at": 1.0, "scale_down_at": 0.15, "up_window_s": 10, "down_window_s": 20,
           "max_step": 1, "cooldown_s": 30}
 START_TIMEOUT_S = 480.0
 CLIENTS = 4
@@ -66,16 +68,30 @@ def _decode_slots(handle: Handle) -> list[str]:
                   if w["role"] == "decode")
 
 
+@dataclass
+class Ramp:
+    """Clients that never pause (streamed and whole answers, each counted): two all along, and
+    a surge of two more that can end on its own."""
+
+    base: Load
+    surge: Load
+
+    @property
+    def answers(self) -> list[tuple[int, str, str, str]]:
+        return [*self.base.answers, *self.surge.answers]
+
+
 @pytest.fixture
-def ramp(borrowed: Handle) -> Iterator[Load]:
-    """Clients that never pause: streamed and whole answers, each counted."""
-    load = Load(borrowed.router, borrowed.served_model_name)
+def ramp(borrowed: Handle) -> Iterator[Ramp]:
+    ramp = Ramp(Load(borrowed.router, borrowed.served_model_name),
+                Load(borrowed.router, borrowed.served_model_name))
     threads = [threading.Thread(target=load.run, args=(None, index % 2 == 0), daemon=True)
-               for index in range(CLIENTS)]
+               for load in (ramp.base, ramp.surge) for index in range(CLIENTS // 2)]
     for thread in threads:
         thread.start()
-    yield load
-    load.stop.set()
+    yield ramp
+    ramp.base.stop.set()
+    ramp.surge.stop.set()
     for thread in threads:
         thread.join(timeout=130)
 
@@ -108,7 +124,7 @@ def policy(borrowed: Handle, shared_devices: None) -> Iterator[str]:
     borrowed.call("DELETE", path)
 
 
-def test_load_grows_decode_and_quiet_shrinks_it(borrowed: Handle, ramp: Load,
+def test_load_grows_decode_and_quiet_shrinks_it(borrowed: Handle, ramp: Ramp,
                                                 policy: str) -> None:
     load_started = time.time()
     # Dry run: the decision to grow is recorded; nothing changes.
@@ -130,6 +146,9 @@ def test_load_grows_decode_and_quiet_shrinks_it(borrowed: Handle, ramp: Load,
     assert grown["slots"] and grown["slots"][0]["slot"] == "decode-1", grown
     assert _decode_slots(borrowed) == ["decode-0", "decode-1"]
     url = grown["slots"][0]["url"]
+    # The surge ends: on two cores, four clients made decode-1's start take 7 minutes. The two
+    # left keep each of two decode workers between the thresholds, so the pool stays at 2.
+    ramp.surge.stop.set()
     # Growing one pool touches no running worker.
     assert {slot: borrowed.processes()[slot]["pid"] for slot in pids} == pids
 
@@ -143,7 +162,7 @@ def test_load_grows_decode_and_quiet_shrinks_it(borrowed: Handle, ramp: Load,
     _wait(lambda: _served(url) > 0, "decode-1 serving requests of the load", 60)
 
     served_before_quiet = len(ramp.answers)
-    ramp.stop.set()
+    ramp.base.stop.set()
     quiet_at = time.time()
     shrunk = _wait(lambda: [d for d in _decisions(borrowed, reason="scaled")
                             if d["action"] == "down" and not d["dry_run"]],
