@@ -37,5 +37,6 @@ urlpatterns = [
     path("", include("console.quality.urls")),
     path("", include("console.alerts.urls")),
     path("", include("console.rollouts.urls")),
+    path("", include("console.autoscaling.urls")),
     path("", include("console.control.urls")),
 ]

@@ -17,6 +17,7 @@ from django.test import Client
 
 from console.accounts.models import Team
 from console.audit.models import AuditEntry
+from console.autoscaling.models import PoolPolicy
 from console.catalog.models import BaseModel, QuantizationJob
 from console.deployments.models import Deployment
 from console.fleet.models import Node
@@ -69,6 +70,12 @@ def _rule_form(w: World, threshold: str = "4") -> dict[str, Any]:
             "comparison": ">", "threshold": threshold, "for_s": "0", "keep_firing_for_s": "0",
             "severity": "warning", "scope": "deployment", "labels": "{}", "summary": "",
             "runbook_url": "", "min_count": "0", "nodata": "nodata", "inhibits": "[]"}
+
+
+def _policy_form(_w: World) -> dict[str, Any]:
+    return {"mode": "dry_run", "signal": "queue", "min_instances": "1", "max_instances": "2",
+            "scale_up_at": "", "scale_down_at": "", "up_window_s": "60", "down_window_s": "300",
+            "max_step": "1", "cooldown_s": "300", "schedules": "[]"}
 
 
 def _node(_w: World) -> dict[str, Any]:
@@ -239,6 +246,11 @@ CHANGES: dict[tuple[str, str], Change] = {
     ("api/v1/rollouts/{pk}/rollback/", "post"): Change("operator", _none,
                                                        "rollout.rolling_back"),
     ("rollouts/{pk}/rollback/", "post"): Change("operator", _none, "rollout.rolling_back"),
+    # autoscaling pages (a new policy's entry: tests/console/test_autoscaling_pages.py)
+    ("deployments/{name}/autoscaling/{role}/", "post"): Change(
+        "operator", _policy_form, "autoscaling.policy.update"),
+    ("deployments/{name}/autoscaling/{role}/mode/", "post"): Change(
+        "operator", lambda w: {"mode": "active"}, "autoscaling.policy.update"),
     # the caller's own API tokens
     ("api/v1/tokens/", "post"): Change("viewer", lambda w: {"name": "script"}, "api_token.create"),
     ("api/v1/tokens/{pk}/revoke/", "post"): Change("viewer", _none, "api_token.revoke"),
@@ -316,6 +328,12 @@ def _paused(w: World) -> None:
                                                    paused_from=Rollout.State.STEPPING)
 
 
+def _scaled(w: World) -> None:
+    """A policy of the world's decode pool to change (get: the world may have one already)."""
+    PoolPolicy.objects.get_or_create(deployment=w.deployment, role="decode", defaults={
+        "signal": "queue", "scale_up_at": 2.0, "scale_down_at": 0.5})
+
+
 def _inactive_viewer(w: World) -> None:
     type(w.viewer).objects.filter(pk=w.viewer.pk).update(is_active=False)
 
@@ -343,6 +361,8 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("deployments/{name}/rollback/", "post"): _live_replaced,
     ("api/v1/rollouts/{pk}/resume/", "post"): _paused,
     ("rollouts/{pk}/resume/", "post"): _paused,
+    ("deployments/{name}/autoscaling/{role}/", "post"): _scaled,
+    ("deployments/{name}/autoscaling/{role}/mode/", "post"): _scaled,
 }
 
 

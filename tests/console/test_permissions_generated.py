@@ -132,6 +132,9 @@ KINDS: dict[str, str] = {
     "deployments/{name}/revisions/new/": TEAM,
     "deployments/{name}/revisions/{number}/rollout/": TEAM,
     "deployments/{name}/rollback/": TEAM,
+    "deployments/{name}/autoscaling/": TEAM,
+    "deployments/{name}/autoscaling/{role}/": TEAM,
+    "deployments/{name}/autoscaling/{role}/mode/": TEAM,
     "rollouts/{pk}/": TEAM,
     "rollouts/{pk}/pause/": TEAM,
     "rollouts/{pk}/resume/": TEAM,
@@ -202,6 +205,7 @@ def _value(world: World, resource: str, name: str) -> object:
         "deliveries": world.delivery.pk, "rules": world.alert_rule.pk,
         "rollouts": world.rollout.pk if world.rollout else None,
         "revisions": world.revision.number if world.revision else None,
+        "autoscaling": "decode",
     }
     if resource not in by_resource:
         raise AssertionError(f"no object for {{{name}}} after {resource}/: add it to _value")
