@@ -106,6 +106,15 @@ def test_the_count_asked_for_brings_each_instance_back_to_the_scale_up_level(
     assert decide.asked_for(current, None, policy) is None
 
 
+def test_an_instance_still_starting_bears_no_load_but_counts_toward_the_answer() -> None:
+    per_ready = 3 * POLICY.scale_up_at
+    # Two planned, one ready carrying it all: the same count as one instance carrying it.
+    assert decide.asked_for(2, per_ready, POLICY, ready=1) == decide.asked_for(1, per_ready,
+                                                                             POLICY)
+    assert decide.asked_for(2, per_ready, POLICY, ready=1) < decide.asked_for(2, per_ready,
+                                                                            POLICY)
+
+
 def test_an_empty_pool_asks_for_one_instance_when_anything_comes() -> None:
     assert decide.asked_for(0, 0.5, POLICY) == 1
     assert decide.asked_for(0, 0.0, POLICY) == 0
