@@ -19,7 +19,6 @@ import logging
 import os
 import re
 import socket
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from console.alerts import leases, rule_states
@@ -50,6 +49,7 @@ from console.fleet import port_holders
 from console.fleet.services import local_node
 from console.live.groups import emit
 from console.live.models import MetricSample
+from console.live.periodic import Periodic
 from console.quality.models import GateResult
 from console.supervisor.models import ManagedProcess
 
@@ -118,8 +118,8 @@ class Evaluator:
         self._local_memory = 0
         self._caches: dict[int, _DeploymentCache] = {}
         self._instances: dict[tuple[int, str], _Instance] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic("alert-evaluator", interval_s, self._step, log,
+                              "evaluating alerts failed; retrying", self._finish)
 
     # ---- the lease -------------------------------------------------------------------------
     def hold_lease(self, now: datetime) -> bool:
@@ -418,32 +418,21 @@ class Evaluator:
         return notices
 
     # ---- the thread ------------------------------------------------------------------------
-    def start(self) -> None:
-        def loop() -> None:
-            try:
-                while not self._stop.is_set():
-                    started = time.monotonic()
-                    try:
-                        report = self.tick()
-                        if report.evaluated and report.seconds > self.interval_s:
-                            log.warning("an alert evaluation took %.1f s, longer than its "
-                                        "%.0f s interval", report.seconds, self.interval_s)
-                    except Exception:  # a locked database must not end alerting
-                        log.exception("evaluating alerts failed; retrying")
-                    self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
-                if self._held:
-                    self.release_lease()
-            finally:
-                connection.close()
+    def _step(self) -> None:
+        report = self.tick()
+        if report.evaluated and report.seconds > self.interval_s:
+            log.warning("an alert evaluation took %.1f s, longer than its %.0f s interval",
+                        report.seconds, self.interval_s)
 
-        self._thread = threading.Thread(target=loop, name="alert-evaluator", daemon=True)
-        self._thread.start()
+    def _finish(self) -> None:
+        if self._held:
+            self.release_lease()
+
+    def start(self) -> None:
+        self._loop.start()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._loop.stop()
 
 
 # ---- helpers -------------------------------------------------------------------------------

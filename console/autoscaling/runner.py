@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,7 +26,6 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from console.alerts import leases
@@ -51,6 +49,7 @@ from console.deployments.models import Deployment
 from console.gateway.router_admin import AdminUnreadable, admin_get, router_running
 from console.live.groups import deployment_group, emit
 from console.live.models import MetricSample, ProcessScrape
+from console.live.periodic import Periodic
 from console.rollouts.models import Rollout
 from console.supervisor.models import ManagedProcess
 
@@ -95,8 +94,8 @@ class Autoscaler:
         self._held = False
         self._histories: dict[int, History] = {}
         self._pools: dict[tuple[int, str], _Pool] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic("autoscaler", self.interval_s, self.tick, log,
+                              "an autoscaler evaluation failed; retrying", self._finish)
 
     # ---- one evaluation ----------------------------------------------------------------
     def tick(self, now: datetime | None = None) -> TickReport:
@@ -342,26 +341,12 @@ class Autoscaler:
         self._histories.clear()
         self._pools.clear()
 
-    def start(self) -> None:
-        def loop() -> None:
-            try:
-                while not self._stop.is_set():
-                    started = time.monotonic()
-                    try:
-                        self.tick()
-                    except Exception:  # a locked database must not end autoscaling
-                        log.exception("an autoscaler evaluation failed; retrying")
-                    self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
-                if self._held:
-                    leases.release(LEASE_NAME, self.holder)
-            finally:
-                connection.close()
+    def _finish(self) -> None:
+        if self._held:
+            leases.release(LEASE_NAME, self.holder)
 
-        self._thread = threading.Thread(target=loop, name="autoscaler", daemon=True)
-        self._thread.start()
+    def start(self) -> None:
+        self._loop.start()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._loop.stop()

@@ -8,7 +8,6 @@ and then broadcasts it: store first, broadcast after, like log lines.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -21,12 +20,13 @@ import httpx
 import psutil
 from asgiref.sync import async_to_sync
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from console.live.broadcast import metric_messages, send_all
 from console.live.downsample import floor_minute, prune, roll_up
 from console.live.models import MetricSample, ProcessScrape
+from console.live.periodic import Periodic
 from console.supervisor.models import ManagedProcess
 from inference.prom_snapshot import Scrape, parse, process_stats
 
@@ -63,8 +63,8 @@ class MetricsCollector:
         self._last_failure: dict[tuple[int, str, str], dict[str, str]] = {}
         self._maintained: datetime | None = None
         self._raw_stored: datetime | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic("metrics-collector", interval_s, self.collect_once, log,
+                              "collecting metrics failed; retrying", self.http.close)
 
     # ---- one step ------------------------------------------------------------------------
     def collect_once(self) -> list[MetricSample]:
@@ -116,27 +116,10 @@ class MetricsCollector:
 
     # ---- the thread ----------------------------------------------------------------------
     def start(self) -> None:
-        def loop() -> None:
-            try:
-                while not self._stop.is_set():
-                    started = time.monotonic()
-                    try:
-                        self.collect_once()
-                    except Exception:  # a locked database must not end collection
-                        log.exception("collecting metrics failed; retrying")
-                    self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
-            finally:
-                connection.close()
-                self.http.close()
-
-        self._thread = threading.Thread(target=loop, name="metrics-collector", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._loop.stop(timeout_s=10)
 
     # ---- helpers -------------------------------------------------------------------------
     def _fetch(self, port: int) -> str | None:
