@@ -116,7 +116,7 @@ def transfer_block_tokens(deployment: Deployment, workers: list[WorkerPlan]) -> 
 
 
 def router_argv(deployment: Deployment, workers: list[WorkerPlan],
-                chat_template: Path | None = None) -> list[str]:
+                chat_template: Path | None = None, python: str = sys.executable) -> list[str]:
     by_role: dict[str, list[WorkerPlan]] = {}
     for worker in workers:
         by_role.setdefault(worker.role, []).append(worker)
@@ -124,7 +124,7 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan],
     # side that renders chat requests a second time.
     tokenizer_worker = (by_role.get("decode") or by_role.get("colocated") or workers)[0]
     argv = [
-        sys.executable, "-m", "inference.router",
+        python, "-m", "inference.router",
         "--revision", str(live_number(deployment) or 1),
         "--served-model-name", deployment.served_model_name,
         "--tokenizer", tokenizer_worker.variant.path,
@@ -177,17 +177,24 @@ def process_specs(deployment: Deployment,
                                               chat_template))
         specs.append(ProcessSpec(slot=worker.slot, role=worker.role, port=worker.port,
                                  argv=argv, env=env))
+    specs.append(router_spec(deployment, workers, chat_template, write_keys_file(deployment)))
+    return specs
+
+
+def router_spec(deployment: Deployment, workers: list[WorkerPlan], chat_template: Path | None,
+                keys_file: Path, python: str = sys.executable) -> ProcessSpec:
+    """The router's process: its argv (:func:`router_argv`, then the key set's file) and its
+    environment, which carries the secrets."""
     router_env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if settings.PDSERVE_API_KEY:
         router_env["PDSERVE_API_KEY"] = settings.PDSERVE_API_KEY
     # The router reads the current key set at start; the console pushes later changes through
     # the admin API with this token (environment, never argv: argv shows in `ps`).
     router_env["PDSERVE_ROUTER_ADMIN_TOKEN"] = admin_token(deployment)
-    router_args = [*router_argv(deployment, workers, chat_template),
-                   "--keys-file", str(write_keys_file(deployment))]
-    specs.append(ProcessSpec(slot="router", role="router", port=deployment.router_port,
-                             argv=router_args, env=router_env))
-    return specs
+    router_args = [*router_argv(deployment, workers, chat_template, python),
+                   "--keys-file", str(keys_file)]
+    return ProcessSpec(slot="router", role="router", port=deployment.router_port,
+                       argv=router_args, env=router_env)
 
 
 def green_slot(slot: str, revision: Revision) -> str:
