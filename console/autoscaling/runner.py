@@ -42,9 +42,9 @@ from console.autoscaling.models import (
     RatioBand,
     ScalingDecision,
 )
+from console.autoscaling.scaling_messages import decision_message, reading_message
 from console.autoscaling.schedules import scheduled_minimum
 from console.autoscaling.signals import History, read
-from console.autoscaling.streams import decision_message, reading_message
 from console.deployments.models import Deployment
 from console.gateway.router_admin import AdminUnreadable, admin_get, router_running
 from console.live.groups import deployment_group, emit
@@ -239,7 +239,8 @@ class Autoscaler:
         if same:
             previous.last_at, previous.evaluations = now, previous.evaluations + 1
             previous.value, previous.inputs, previous.detail = value, inputs, decision.detail
-            previous.save(update_fields=["last_at", "evaluations", "value", "inputs", "detail"])
+            previous.save(update_fields=["last_at", "evaluations", "value", "inputs", "detail",
+                                          "changed"])
             saved = previous
         else:
             saved = ScalingDecision.objects.create(
@@ -301,7 +302,7 @@ class Autoscaler:
                 progress["done_at"] = now.isoformat()
             if progress != decision.progress:
                 decision.progress = progress
-                decision.save(update_fields=["progress"])
+                decision.save(update_fields=["progress", "changed"])
                 self._broadcast(decision.deployment, decision)
 
     def _members(self, deployment: Deployment) -> set[str] | None:

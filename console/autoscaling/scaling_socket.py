@@ -1,6 +1,6 @@
 """Autoscaling rows as websocket messages for the console's hub (embedded mode): the decisions
 and pool readings the autoscaler stored in the supervisor's process, sent on the deployment's
-socket (group ``deployment-<id>``) as console/autoscaling/streams.py shapes them. With Redis the
+socket (group ``deployment-<id>``) as console/autoscaling/scaling_messages.py shapes them. With Redis the
 autoscaler sends them itself and the hub does not run.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import Max
 
 from console.autoscaling.models import PoolReading, ScalingDecision
-from console.autoscaling.streams import decision_message, reading_message
+from console.autoscaling.scaling_messages import decision_message, reading_message
 from console.live.groups import deployment_group
 
 Message = tuple[str, dict[str, Any]]

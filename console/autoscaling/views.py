@@ -20,8 +20,8 @@ from console.accounts.roles import may, require, visible
 from console.autoscaling import services
 from console.autoscaling.forms import ModeForm, PolicyForm, add_errors
 from console.autoscaling.models import READINGS_KEPT_S, PoolPolicy, PoolReading, ScalingDecision
-from console.autoscaling.pools import pool_states
-from console.autoscaling.streams import decision_data, reading_data
+from console.autoscaling.pool_states import pool_states
+from console.autoscaling.scaling_messages import decision_data, reading_data
 from console.deployments.models import Deployment
 
 DECISIONS_SHOWN = 50

@@ -26,7 +26,7 @@ from console.autoscaling.api.serializers import (
 )
 from console.autoscaling.decide import REASONS
 from console.autoscaling.models import PoolPolicy, RatioBand, ScalingDecision
-from console.autoscaling.pools import pool_states
+from console.autoscaling.pool_states import pool_states
 from console.deployments.models import Deployment
 
 ROLE_PARAMETER = OpenApiParameter("role", str, OpenApiParameter.PATH,

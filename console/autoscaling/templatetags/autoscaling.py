@@ -8,7 +8,7 @@ from typing import Any
 from django import template
 
 from console.autoscaling.models import ScalingDecision
-from console.autoscaling.streams import decision_data
+from console.autoscaling.scaling_messages import decision_data
 from console.deployments.models import Deployment
 
 register = template.Library()
