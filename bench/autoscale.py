@@ -33,7 +33,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.borrowed import BorrowedDeployment, Handle, plan_body  # noqa: E402
+from tests.borrowed import ADMIN_PASSWORD, BorrowedDeployment, Handle, plan_body  # noqa: E402
 
 PROMPT = "Write one sentence about the sea and the"
 MAX_TOKENS = 16
@@ -222,6 +222,19 @@ def decisions(handle: Handle, since: datetime, day_s: float) -> list[str]:
     return lines
 
 
+def screenshot(handle: Handle, out: Path) -> None:
+    """The autoscaling page after the autoscaled day, as the README shows it."""
+    from tests.chromium import launched, signed_in
+
+    name = handle.deployment()["name"]
+    with launched() as browser, signed_in(browser, handle.console, "admin",
+                                          ADMIN_PASSWORD) as page:
+        page.set_viewport_size({"width": 1280, "height": 1400})
+        page.goto(f"/deployments/{name}/autoscaling/")
+        page.wait_for_timeout(3000)
+        page.screenshot(path=str(out), full_page=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--day-s", type=float, default=480.0, help="seconds one day takes")
@@ -232,6 +245,8 @@ def main() -> int:
     parser.add_argument("--ttft-slo-ms", type=float, default=500.0)
     parser.add_argument("--tpot-slo-ms", type=float, default=50.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--screenshot", type=Path,
+                        help="write the autoscaling page after the autoscaled day to this PNG")
     args = parser.parse_args()
     facility = BorrowedDeployment()
     root = Path(tempfile.mkdtemp(prefix="pdserve-bench-autoscale-"))
@@ -251,6 +266,8 @@ def main() -> int:
             since = datetime.now().astimezone()
             scaled = replay(handle, args.day_s, args.base_rps, args.peak_rps, args.seed)
             scaled_decisions = decisions(handle, since, args.day_s)
+            if args.screenshot:
+                screenshot(handle, args.screenshot)
             handle.call("DELETE", path).raise_for_status()
             set_decode(handle, args.peak_decode)
             static = replay(handle, args.day_s, args.base_rps, args.peak_rps, args.seed)
