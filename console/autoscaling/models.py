@@ -90,15 +90,23 @@ class PoolPolicy(models.Model):
         return self.deployment.team_id
 
     def clean(self) -> None:
+        # full_clean runs this even when a field failed its own validation (a null count, a
+        # window's minimum that is text): those errors are the fields' to report, so only
+        # values of the right type are compared here.
         errors = {}
-        if self.min_instances > self.max_instances:
+        counts = (self.min_instances, self.max_instances)
+        if None not in counts and self.min_instances > self.max_instances:
             errors["max_instances"] = (f"must be at least min_instances ({self.min_instances})")
-        if self.scale_down_at >= self.scale_up_at:
+        if None not in (self.scale_down_at, self.scale_up_at) and (
+                self.scale_down_at >= self.scale_up_at):
             errors["scale_down_at"] = (f"must be below scale_up_at ({self.scale_up_at:g}): "
                                        "between the two the pool is left as it is")
-        for index, window in enumerate(self.schedules or []):
-            if isinstance(window, dict) and window.get("min_instances", 0) > self.max_instances:
-                errors["schedules"] = (f"{index}: min_instances {window['min_instances']} is "
+        windows = self.schedules if isinstance(self.schedules, list) else []
+        for index, window in enumerate(windows):
+            minimum = window.get("min_instances") if isinstance(window, dict) else None
+            if (isinstance(minimum, int) and self.max_instances is not None
+                    and minimum > self.max_instances):
+                errors["schedules"] = (f"{index}: min_instances {minimum} is "
                                        f"above max_instances ({self.max_instances})")
         if errors:
             raise ValidationError(errors)
