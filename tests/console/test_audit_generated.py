@@ -17,7 +17,7 @@ from django.test import Client
 
 from console.accounts.models import Team
 from console.audit.models import AuditEntry
-from console.autoscaling.models import PoolPolicy
+from console.autoscaling.models import PoolPolicy, RatioBand
 from console.catalog.models import BaseModel, QuantizationJob
 from console.deployments.models import Deployment
 from console.fleet.models import Node
@@ -246,6 +246,17 @@ CHANGES: dict[tuple[str, str], Change] = {
     ("api/v1/rollouts/{pk}/rollback/", "post"): Change("operator", _none,
                                                        "rollout.rolling_back"),
     ("rollouts/{pk}/rollback/", "post"): Change("operator", _none, "rollout.rolling_back"),
+    # autoscaling over the API
+    ("api/v1/deployments/{pk}/autoscaling/{role}/", "put"): Change(
+        "operator", lambda w: {"signal": "queue"}, "autoscaling.policy.create"),
+    ("api/v1/deployments/{pk}/autoscaling/{role}/", "patch"): Change(
+        "operator", lambda w: {"mode": "active"}, "autoscaling.policy.update"),
+    ("api/v1/deployments/{pk}/autoscaling/{role}/", "delete"): Change(
+        "operator", _none, "autoscaling.policy.delete"),
+    ("api/v1/deployments/{pk}/autoscaling/ratio-band/", "put"): Change(
+        "operator", lambda w: {"min_ratio": 0.5, "max_ratio": 2}, "autoscaling.ratio_band.update"),
+    ("api/v1/deployments/{pk}/autoscaling/ratio-band/", "delete"): Change(
+        "operator", _none, "autoscaling.ratio_band.delete"),
     # autoscaling pages (a new policy's entry: tests/console/test_autoscaling_pages.py)
     ("deployments/{name}/autoscaling/{role}/", "post"): Change(
         "operator", _policy_form, "autoscaling.policy.update"),
@@ -334,6 +345,12 @@ def _scaled(w: World) -> None:
         "signal": "queue", "scale_up_at": 2.0, "scale_down_at": 0.5})
 
 
+def _banded(w: World) -> None:
+    """A ratio band of the world's (PD) deployment to remove."""
+    RatioBand.objects.get_or_create(deployment=w.deployment, defaults={"min_ratio": 0.5,
+                                                                       "max_ratio": 2.0})
+
+
 def _inactive_viewer(w: World) -> None:
     type(w.viewer).objects.filter(pk=w.viewer.pk).update(is_active=False)
 
@@ -361,6 +378,9 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("deployments/{name}/rollback/", "post"): _live_replaced,
     ("api/v1/rollouts/{pk}/resume/", "post"): _paused,
     ("rollouts/{pk}/resume/", "post"): _paused,
+    ("api/v1/deployments/{pk}/autoscaling/{role}/", "patch"): _scaled,
+    ("api/v1/deployments/{pk}/autoscaling/{role}/", "delete"): _scaled,
+    ("api/v1/deployments/{pk}/autoscaling/ratio-band/", "delete"): _banded,
     ("deployments/{name}/autoscaling/{role}/", "post"): _scaled,
     ("deployments/{name}/autoscaling/{role}/mode/", "post"): _scaled,
 }
