@@ -145,7 +145,11 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # No read timeout: a socket's receive blocks on Redis for up to 5 s per call, which
+            # redis-py 8's default 5 s socket timeout cuts short, closing every websocket left
+            # idle that long (django/channels_redis#422; the fix upstream, unreleased, is this).
+            # A socket_timeout in REDIS_URL's query still wins.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
         }
     }
     CELERY_BROKER_URL = REDIS_URL
@@ -229,6 +233,7 @@ SPECTACULAR_SETTINGS = {
         "AlertStateEnum": "console.alerts.models.AlertState",
         "AlertSeverityEnum": "console.alerts.models.Severity",
         "DeliveryStateEnum": "console.alerts.models.Delivery.State",
+        "WorkerPlanRoleEnum": "console.deployments.models.WorkerPlan.Role",
     },
 }
 

@@ -36,7 +36,8 @@ class DecisionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PoolSerializer(serializers.Serializer):
+# Not "PoolSerializer": the plan's pools have that name, and the schema names a component by it.
+class PoolStateSerializer(serializers.Serializer):
     role = serializers.CharField()
     current = serializers.IntegerField(help_text="instances in the plan")
     ready = serializers.IntegerField(help_text="of those, ready")
@@ -47,5 +48,5 @@ class PoolSerializer(serializers.Serializer):
 
 
 class AutoscalingSerializer(serializers.Serializer):
-    pools = PoolSerializer(many=True)
+    pools = PoolStateSerializer(many=True)
     ratio_band = RatioBandSerializer(allow_null=True)

@@ -70,7 +70,9 @@ class PolicyView(_OnDeployment):
         services.check_role(deployment, role)
         return get_object_or_404(PoolPolicy, deployment=deployment, role=role)
 
-    @extend_schema(parameters=[ID_PARAMETER, ROLE_PARAMETER], responses=PolicySerializer)
+    # The path alone would give it the operationId of the deployment's autoscaling GET.
+    @extend_schema(parameters=[ID_PARAMETER, ROLE_PARAMETER], responses=PolicySerializer,
+                   operation_id="v1_deployments_autoscaling_policy_retrieve")
     def get(self, request: Request, pk: int, role: str) -> Response:
         return Response(PolicySerializer(self._policy(self.deployment(request, pk), role)).data)
 
