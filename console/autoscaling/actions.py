@@ -53,7 +53,10 @@ def resize(deployment: Deployment, role: str, target: int) -> Resized:
     when the grown plan fails a check."""
     try:
         with transaction.atomic():
-            return _resize(deployment, role, target)
+            # The caller's copy may be as old as its evaluation; the plan edit saves every
+            # field, and a stale copy would undo a stop or an edit made since.
+            fresh = Deployment.objects.select_for_update().get(pk=deployment.pk)
+            return _resize(fresh, role, target)
     except _RollBack as exc:
         raise exc.refused from None
 

@@ -16,6 +16,7 @@ from console.alerts.evaluation import Evaluator
 from console.alerts.models import Alert, AlertState, Fact
 from console.audit.models import AuditEntry
 from console.autoscaling import decide
+from console.autoscaling.actions import resize
 from console.autoscaling.models import PoolPolicy, PoolReading, ScalingDecision
 from console.autoscaling.runner import REFUSED_FACT, Autoscaler
 from console.catalog.models import Variant
@@ -246,3 +247,18 @@ def test_low_load_after_the_window_and_cooldown_removes_the_newest_instance(
     down.refresh_from_db()
     assert down.progress["decode_1_stopped_at"] == (T0 + timedelta(seconds=125)).isoformat()
     assert "done_at" in down.progress
+
+
+def test_a_resize_keeps_what_changed_since_the_autoscaler_read_the_deployment(
+        plan: Deployment) -> None:
+    """The autoscaler reads the deployment when its evaluation starts; a stop or an edit that
+    lands before it acts is not undone by its plan edit."""
+    read_at_start = Deployment.objects.get(pk=plan.pk)
+    Deployment.objects.filter(pk=plan.pk).update(
+        desired_state=Deployment.DesiredState.STOPPED, concurrency=plan.concurrency + 3)
+    resized = resize(read_at_start, "decode", 2)
+    assert resized.slots == ["decode-1"]
+    plan.refresh_from_db()
+    assert plan.desired_state == Deployment.DesiredState.STOPPED
+    assert plan.concurrency == read_at_start.concurrency + 3
+    assert plan.workers.filter(role="decode").count() == 2
