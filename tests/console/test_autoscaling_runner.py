@@ -17,7 +17,7 @@ from console.alerts.models import Alert, AlertState, Fact
 from console.audit.models import AuditEntry
 from console.autoscaling import decide
 from console.autoscaling.actions import resize
-from console.autoscaling.models import PoolPolicy, PoolReading, ScalingDecision
+from console.autoscaling.models import PoolPolicy, PoolReading, RatioBand, ScalingDecision
 from console.autoscaling.runner import REFUSED_FACT, Autoscaler
 from console.catalog.models import Variant
 from console.checks import memory
@@ -64,15 +64,17 @@ def _policy(deployment: Deployment, **fields: Any) -> PoolPolicy:
     return PoolPolicy.objects.create(deployment=deployment, **values)
 
 
-def _load(deployment: Deployment, since: datetime, until: datetime, per_decode: int) -> None:
+def _load(deployment: Deployment, since: datetime, until: datetime, per_decode: int,
+          per_prefill: int = 0) -> None:
     """The collector's 1 s snapshots over (since, until]: ``per_decode`` requests in flight at
-    the router on, and waiting in the engine of, each decode worker of the plan."""
+    the router on, and waiting in the engine of, each decode worker of the plan; and
+    ``per_prefill`` waiting in each prefill worker's."""
     decode = list(deployment.workers.filter(role="decode").order_by("index"))
     at = since + timedelta(seconds=1)
     while at <= until:
         processes: dict[str, Any] = {
-            w.slot: {"role": "decode", "up": 1, "waiting": per_decode} for w in decode}
-        processes["prefill-0"] = {"role": "prefill", "up": 1, "waiting": 0}
+            w.slot: {"role": w.role, "up": 1, "waiting": per_prefill if w.role == "prefill"
+                     else per_decode} for w in deployment.workers.all()}
         processes["router"] = {"role": "router", "up": 1,
                                "in_flight": {"decode": {w.url: per_decode for w in decode}}}
         MetricSample.objects.create(deployment=deployment,
@@ -262,3 +264,36 @@ def test_a_resize_keeps_what_changed_since_the_autoscaler_read_the_deployment(
     assert plan.desired_state == Deployment.DesiredState.STOPPED
     assert plan.concurrency == read_at_start.concurrency + 3
     assert plan.workers.filter(role="decode").count() == 2
+
+
+def test_an_open_schedule_window_grows_the_pool_without_load(plan: Deployment) -> None:
+    window = {"name": "noon peak", "cron": f"{T0.minute} {T0.hour} * * *", "duration_s": 3600,
+              "min_instances": 2}
+    _policy(plan, schedules=[window])
+    _load(plan, T0 - timedelta(seconds=20), T0 + timedelta(seconds=5), 0)
+    _tick(Autoscaler(interval_s=INTERVAL_S), 5)
+    [grown] = _decisions(plan)
+    assert (grown.action, grown.reason, grown.current, grown.target) == (
+        "up", decide.SCHEDULE, 1, 2)
+    assert grown.inputs["schedule"] == {"window": "noon peak", "min_instances": 2}
+    assert plan.workers.filter(role="decode").count() == 2
+
+
+def test_the_ratio_band_moves_decode_with_a_growing_prefill(plan: Deployment) -> None:
+    _policy(plan, role="prefill", signal="queue")
+    _policy(plan, signal="queue")
+    RatioBand.objects.create(deployment=plan, min_ratio=0.5, max_ratio=1.0)
+    # Prefill's queue asks for more; decode's is within its thresholds.
+    _load(plan, T0 - timedelta(seconds=20), T0 + timedelta(seconds=10), per_decode=2,
+          per_prefill=HIGH)
+    autoscaler = Autoscaler(interval_s=INTERVAL_S)
+    _tick(autoscaler, 5)
+    _tick(autoscaler, 10)
+    latest = {d.role: d for d in _decisions(plan)}
+    assert (latest["prefill"].action, latest["prefill"].reason, latest["prefill"].target) == (
+        "up", decide.CHANGED, 2)
+    assert (latest["decode"].action, latest["decode"].reason, latest["decode"].target) == (
+        "up", decide.RATIO, 2)
+    assert latest["decode"].inputs["ratio_band"] == {"min_ratio": 0.5, "max_ratio": 1.0}
+    counts = {role: plan.workers.filter(role=role).count() for role in ("prefill", "decode")}
+    assert counts == {"prefill": 2, "decode": 2}
