@@ -150,6 +150,8 @@ def test_a_colocated_plan_has_the_colocated_pool(operator: Client, colocated: De
 @pytest.mark.parametrize(("method", "role", "body", "field", "says"), [
     ("put", "router", _policy(), "role", "has the pools prefill, decode, not 'router'"),
     ("put", "colocated", _policy(), "role", "not 'colocated'"),
+    ("put", "Decode", _policy(), "role", "not 'Decode'"),
+    ("patch", "1", {"mode": "off"}, "role", "not '1'"),
     ("put", "decode", _policy(signal="prompt_backlog"), "signal", "sizes a prefill pool"),
     ("put", "decode", _policy(signal="latency"), "signal", "not a valid choice"),
     ("put", "decode", {"mode": "active"}, "signal", "required"),

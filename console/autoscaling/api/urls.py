@@ -11,7 +11,8 @@ urlpatterns = [
              name="deployment-autoscaling"),
     api_path(rf"deployments/{ID}/autoscaling/ratio-band", RatioBandView.as_view(),
              name="deployment-ratio-band"),
-    api_path(rf"deployments/{ID}/autoscaling/(?P<role>[a-z_]+)",
+    # Any segment is a role to the view: one the plan lacks is a 400 naming "role", not a 404.
+    api_path(rf"deployments/{ID}/autoscaling/(?P<role>[^/.]+)",
              PolicyView.as_view(), name="deployment-pool-policy"),
     api_path(rf"deployments/{ID}/scaling-decisions", DecisionList.as_view(),
              name="deployment-scaling-decisions"),
