@@ -3,14 +3,18 @@ API and the pages alike."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
 from console.alerts.models import Alert, AlertRule, Notifier, Silence
+from console.alerts.streams import changed_alert_messages, silence_messages
 from console.audit.entries import delete_recorded, record, snapshot
+from console.live.broadcast import send_all
 
 RULE_FIELDS = ("name", "enabled", "series", "role", "aggregation", "window_s", "comparison",
                "threshold", "for_s", "keep_firing_for_s", "severity", "scope", "labels",
@@ -22,6 +26,13 @@ NOTIFIER_FIELDS = ("name", "kind", "enabled", "url", "recipients", "send_resolve
 
 def _team(rule: AlertRule) -> int:
     return rule.deployment.team_id
+
+
+def _send_after_commit(messages: Callable[[], list[tuple[str, dict[str, Any]]]]) -> None:
+    """Tell the dashboards once the change is stored. No hub source polls acknowledgements or
+    silences, so whoever stores one sends it: with Redis to every console's sockets, without
+    to this process's own (the embedded console's only web process)."""
+    transaction.on_commit(lambda: async_to_sync(send_all)(messages()))
 
 
 @transaction.atomic
@@ -56,6 +67,7 @@ def create_silence(fields: dict[str, Any], user: AbstractBaseUser | None) -> Sil
     silence = Silence.objects.create(
         created_by=user if user is not None and user.is_authenticated else None, **fields)
     record("silence.create", silence, after=snapshot(silence, SILENCE_FIELDS))
+    _send_after_commit(lambda: silence_messages(silence))
     return silence
 
 
@@ -67,6 +79,7 @@ def expire_silence(silence: Silence) -> Silence:
         silence.expired_early_at = timezone.now()
         silence.save(update_fields=["expired_early_at"])
     record("silence.expire", silence, before=before, after=snapshot(silence, SILENCE_FIELDS))
+    _send_after_commit(lambda: silence_messages(silence))
     return silence
 
 
@@ -81,6 +94,7 @@ def acknowledge(alert: Alert, user: AbstractBaseUser, comment: str) -> Alert:
     alert.save(update_fields=list(fields))
     record("alert.acknowledge", alert, before=before, after=snapshot(alert, fields),
            team_id=alert.deployment.team_id)
+    _send_after_commit(lambda: changed_alert_messages({alert.pk}))
     return alert
 
 

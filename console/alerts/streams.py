@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from console.alerts.models import Alert, AlertEvent, AlertState
+from console.alerts.matchers import matches
+from console.alerts.models import Alert, AlertEvent, AlertState, Silence
 from console.deployments.models import Deployment
 
 
@@ -43,7 +44,19 @@ def alert_payload(alert: Alert) -> dict[str, Any]:
 
 def alert_messages(events: Iterable[AlertEvent]) -> list[tuple[str, dict[str, Any]]]:
     """Per team touched, the changed alerts as they are now and the team's firing counts."""
-    alert_ids = {event.alert_id for event in events}
+    return changed_alert_messages({event.alert_id for event in events})
+
+
+def silence_messages(silence: Silence) -> list[tuple[str, dict[str, Any]]]:
+    """The active alerts a silence matches, as they are now: its start or end adds or takes off
+    their "silenced by" on the dashboard."""
+    alerts = Alert.objects.filter(deployment__team=silence.team_id).exclude(
+        state=AlertState.INACTIVE).only("pk", "labels")
+    return changed_alert_messages({alert.pk for alert in alerts
+                                   if matches(silence.matchers, alert.labels)})
+
+
+def changed_alert_messages(alert_ids: set[int]) -> list[tuple[str, dict[str, Any]]]:
     if not alert_ids:
         return []
     alerts = list(Alert.objects.filter(pk__in=alert_ids).select_related(
@@ -54,7 +67,9 @@ def alert_messages(events: Iterable[AlertEvent]) -> list[tuple[str, dict[str, An
     return [(team_group(team_id), {
         "type": "alerts",
         "alerts": [alert_payload(alert) for alert in rows],
-        "firing": firing_counts([team_id]),
+        # String keys, as JSON gives the browser anyway: channels-redis packs messages with
+        # msgpack, whose reader refuses integer map keys (the receiving socket closes).
+        "firing": {str(pk): count for pk, count in firing_counts([team_id]).items()},
     }) for team_id, rows in by_team.items()]
 
 
