@@ -11,7 +11,7 @@ It prints, for both: requests, instance-seconds of prefill and decode workers (a
 from its start to its stop, starting or ready), TTFT and TPOT SLO attainment (the share of
 requests within both SLOs, and each alone), requests lost; and the autoscaler's decisions.
 
-    .venv/bin/python bench/autoscale.py --day-s 480 --peak-rps 6
+    .venv/bin/python bench/autoscale.py --day-s 720 --peak-rps 8
 """
 
 from __future__ import annotations
@@ -237,9 +237,9 @@ def screenshot(handle: Handle, out: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--day-s", type=float, default=480.0, help="seconds one day takes")
+    parser.add_argument("--day-s", type=float, default=720.0, help="seconds one day takes")
     parser.add_argument("--base-rps", type=float, default=0.3, help="the night's arrival rate")
-    parser.add_argument("--peak-rps", type=float, default=6.0, help="the peak's arrival rate")
+    parser.add_argument("--peak-rps", type=float, default=8.0, help="the peak's arrival rate")
     parser.add_argument("--peak-decode", type=int, default=2,
                         help="decode instances at the peak (and all day, statically)")
     parser.add_argument("--ttft-slo-ms", type=float, default=500.0)
@@ -254,7 +254,7 @@ def main() -> int:
     # Windows in compressed time: a day's hour is day_s / 24 seconds.
     hour_s = args.day_s / 24
     policy = {"mode": "active", "signal": "concurrency", "min_instances": 1,
-              "max_instances": args.peak_decode, "scale_up_at": 2.0, "scale_down_at": 0.5,
+              "max_instances": args.peak_decode, "scale_up_at": 1.0, "scale_down_at": 0.3,
               "up_window_s": 10, "down_window_s": max(20, round(hour_s)),
               "max_step": 1, "cooldown_s": max(30, round(1.5 * hour_s))}
     try:
