@@ -33,6 +33,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.rollout import percentile  # noqa: E402
 from tests.borrowed import ADMIN_PASSWORD, BorrowedDeployment, Handle, plan_body  # noqa: E402
 
 PROMPT = "Write one sentence about the sea and the"
@@ -179,14 +180,6 @@ def idle_cost(handle: Handle, seconds: float = 15.0) -> tuple[float, float]:
     used = sum(p.cpu_times().user + p.cpu_times().system for p in tree) - times
     rss = sum(p.memory_info().rss for p in tree)
     return rss / 2**30, 100 * used / seconds
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = (len(ordered) - 1) * q
-    low = int(index)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (index - low)
 
 
 def row(name: str, day: Day, ttft_slo: float, tpot_slo: float) -> str:
