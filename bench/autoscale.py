@@ -11,7 +11,7 @@ It prints, for both: requests, instance-seconds of prefill and decode workers (a
 from its start to its stop, starting or ready), TTFT and TPOT SLO attainment (the share of
 requests within both SLOs, and each alone), requests lost; and the autoscaler's decisions.
 
-    .venv/bin/python bench/autoscale.py --day-s 720 --peak-rps 8
+    .venv/bin/python bench/autoscale.py --day-s 720 --peak-rps 8 --max-tokens 64
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from bench.rollout import percentile  # noqa: E402
 from tests.borrowed import ADMIN_PASSWORD, BorrowedDeployment, Handle, plan_body  # noqa: E402
 
 PROMPT = "Write one sentence about the sea and the"
-MAX_TOKENS = 16
 
 
 @dataclass
@@ -62,12 +61,13 @@ def rate(hour: float, base: float, peak: float) -> float:
     return base + (peak - base) * math.exp(-((hour - 14.0) / 2.5) ** 2)
 
 
-def send(client: httpx.Client, router: str, model: str, request: Request) -> None:
+def send(client: httpx.Client, router: str, model: str, request: Request,
+         max_tokens: int) -> None:
     first = last = None
     chunks = 0
     try:
         with client.stream("POST", f"{router}/v1/completions", json={
-                "model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0,
+                "model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
                 "ignore_eos": True, "stream": True}) as response:
             ok = response.status_code == 200
             for line in response.iter_lines():
@@ -90,7 +90,8 @@ def send(client: httpx.Client, router: str, model: str, request: Request) -> Non
             request.tpot = (last - first) / (chunks - 1)
 
 
-def replay(handle: Handle, day_s: float, base: float, peak: float, seed: int) -> Day:
+def replay(handle: Handle, day_s: float, base: float, peak: float, seed: int,
+           max_tokens: int) -> Day:
     """Send the day's arrivals (open loop: nobody waits for an answer to send the next one) and
     count each second's prefill and decode workers."""
     day = Day(started=time.monotonic())
@@ -111,8 +112,8 @@ def replay(handle: Handle, day_s: float, base: float, peak: float, seed: int) ->
             request = Request(sent=time.monotonic())
             day.requests.append(request)
             thread = threading.Thread(target=send, args=(client, handle.router,
-                                                         handle.served_model_name, request),
-                                      daemon=True)
+                                                         handle.served_model_name, request,
+                                                         max_tokens), daemon=True)
             thread.start()
             threads.append(thread)
         for thread in threads:
@@ -237,6 +238,8 @@ def main() -> int:
                         help="decode instances at the peak (and all day, statically)")
     parser.add_argument("--ttft-slo-ms", type=float, default=500.0)
     parser.add_argument("--tpot-slo-ms", type=float, default=50.0)
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="tokens each answer generates (decode's share of a request)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--screenshot", type=Path,
                         help="write the autoscaling page after the autoscaled day to this PNG")
@@ -257,18 +260,20 @@ def main() -> int:
             path = f"/api/v1/deployments/{handle.deployment_id}/autoscaling/decode/"
             handle.call("PUT", path, json=policy).raise_for_status()
             since = datetime.now().astimezone()
-            scaled = replay(handle, args.day_s, args.base_rps, args.peak_rps, args.seed)
+            scaled = replay(handle, args.day_s, args.base_rps, args.peak_rps, args.seed,
+                            args.max_tokens)
             scaled_decisions = decisions(handle, since, args.day_s)
             if args.screenshot:
                 screenshot(handle, args.screenshot)
             handle.call("DELETE", path).raise_for_status()
             set_decode(handle, args.peak_decode)
-            static = replay(handle, args.day_s, args.base_rps, args.peak_rps, args.seed)
+            static = replay(handle, args.day_s, args.base_rps, args.peak_rps, args.seed,
+                            args.max_tokens)
             set_decode(handle, 1)
     finally:
         facility.close()
     print(f"one day in {args.day_s:.0f} s ({hour_s:.0f} s an hour), arrivals "
-          f"{args.base_rps:g}-{args.peak_rps:g} req/s (peak at 14 h), {MAX_TOKENS} tokens "
+          f"{args.base_rps:g}-{args.peak_rps:g} req/s (peak at 14 h), {args.max_tokens} tokens "
           f"each, streamed; SLOs: TTFT {args.ttft_slo_ms:.0f} ms, TPOT {args.tpot_slo_ms:.0f} ms; "
           f"policy {policy}\n")
     print("| provisioning | requests | prefill instance-s | decode instance-s | both SLOs | "
