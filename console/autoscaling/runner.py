@@ -276,34 +276,58 @@ class Autoscaler:
         for decision in open_changes:
             progress = dict(decision.progress)
             members = self._members(decision.deployment)
+            planned = {w.slot for w in decision.deployment.workers.all()}
             done = True
             for entry in decision.slots:
-                slot, url = entry["slot"], entry["url"]
-                key = slot.replace("-", "_")
                 if decision.action == "up":
-                    process = ManagedProcess.objects.filter(deployment=decision.deployment,
-                                                            slot=slot).first()
-                    if process is not None and process.ready_at and f"{key}_ready_at" not in progress:
-                        progress[f"{key}_ready_at"] = process.ready_at.isoformat()
-                    if members is not None and url in members and f"{key}_joined_at" not in progress:
-                        progress[f"{key}_joined_at"] = now.isoformat()
-                    done = done and f"{key}_joined_at" in progress
+                    done = self._follow_added(decision, entry, planned, members, progress,
+                                              now) and done
                 else:
-                    if members is not None and url not in members and f"{key}_left_at" not in progress:
-                        progress[f"{key}_left_at"] = now.isoformat()
-                    gone = not ManagedProcess.objects.filter(
-                        deployment=decision.deployment, slot=slot,
-                        state__in=[ManagedProcess.State.READY, ManagedProcess.State.STARTING,
-                                   ManagedProcess.State.STOPPING]).exists()
-                    if gone and f"{key}_stopped_at" not in progress:
-                        progress[f"{key}_stopped_at"] = now.isoformat()
-                    done = done and f"{key}_stopped_at" in progress
+                    done = self._follow_removed(decision, entry, members, progress, now) and done
             if done:
                 progress["done_at"] = now.isoformat()
             if progress != decision.progress:
                 decision.progress = progress
                 decision.save(update_fields=["progress", "changed"])
                 self._broadcast(decision.deployment, decision)
+
+    @staticmethod
+    def _follow_added(decision: ScalingDecision, entry: dict[str, str], planned: set[str],
+                      members: set[str] | None, progress: dict[str, str], now: datetime) -> bool:
+        """Ready, then joined; or withdrawn: a later decision took it out of the plan before it
+        joined (a slot added again after that is another decision's)."""
+        slot, url = entry["slot"], entry["url"]
+        key = slot.replace("-", "_")
+        if f"{key}_joined_at" in progress or f"{key}_withdrawn_at" in progress:
+            return True
+        if slot not in planned:
+            progress[f"{key}_withdrawn_at"] = now.isoformat()
+            return True
+        process = ManagedProcess.objects.filter(deployment=decision.deployment, slot=slot).first()
+        if (process is not None and process.ready_at and process.ready_at >= decision.at
+                and f"{key}_ready_at" not in progress):
+            progress[f"{key}_ready_at"] = process.ready_at.isoformat()
+        if members is not None and url in members and f"{key}_ready_at" in progress:
+            progress[f"{key}_joined_at"] = now.isoformat()
+            return True
+        return False
+
+    @staticmethod
+    def _follow_removed(decision: ScalingDecision, entry: dict[str, str],
+                        members: set[str] | None, progress: dict[str, str],
+                        now: datetime) -> bool:
+        """Out of the router's pools (drained), then its process stopped."""
+        slot, url = entry["slot"], entry["url"]
+        key = slot.replace("-", "_")
+        if members is not None and url not in members and f"{key}_left_at" not in progress:
+            progress[f"{key}_left_at"] = now.isoformat()
+        gone = not ManagedProcess.objects.filter(
+            deployment=decision.deployment, slot=slot,
+            state__in=[ManagedProcess.State.READY, ManagedProcess.State.STARTING,
+                       ManagedProcess.State.STOPPING]).exists()
+        if gone and f"{key}_stopped_at" not in progress:
+            progress[f"{key}_stopped_at"] = now.isoformat()
+        return f"{key}_stopped_at" in progress
 
     def _members(self, deployment: Deployment) -> set[str] | None:
         """The urls in the router's pools that take requests (None: unknown now)."""

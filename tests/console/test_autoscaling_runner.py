@@ -297,3 +297,32 @@ def test_the_ratio_band_moves_decode_with_a_growing_prefill(plan: Deployment) ->
     assert latest["decode"].inputs["ratio_band"] == {"min_ratio": 0.5, "max_ratio": 1.0}
     counts = {role: plan.workers.filter(role=role).count() for role in ("prefill", "decode")}
     assert counts == {"prefill": 2, "decode": 2}
+
+
+def test_an_instance_removed_before_it_was_ready_closes_its_growth(plan: Deployment) -> None:
+    """The load went away while decode-1 started: the shrink takes it out of the plan before
+    it is ready. Its growth ends "withdrawn"; a decode-1 planned again later (by hand, or by
+    another decision) is not counted as the first one's start and join."""
+    _policy(plan, cooldown_s=20)
+    autoscaler = Autoscaler(interval_s=INTERVAL_S)
+    grown = _grow(plan, autoscaler)[-1]
+    assert grown.action == "up"
+    ManagedProcess.objects.create(deployment=plan, slot="decode-1", role="decode",
+                                  port=grown.slots[0]["url"].rsplit(":", 1)[1],
+                                  state=ManagedProcess.State.STARTING, log_path="/dev/null")
+    _load(plan, T0 + timedelta(seconds=10), T0 + timedelta(seconds=80), 0)
+    for seconds in range(15, 81, INTERVAL_S):
+        _tick(autoscaler, seconds)
+    [down] = [d for d in _decisions(plan) if d.action == "down"]
+    assert down.slots == grown.slots
+    grown.refresh_from_db()
+    assert "decode_1_withdrawn_at" in grown.progress and "done_at" in grown.progress
+    # decode-1 again, ready later: the closed growth does not take its times.
+    PoolPolicy.objects.filter(deployment=plan).update(mode=PoolPolicy.Mode.OFF)
+    resize(plan, "decode", 2)
+    ManagedProcess.objects.filter(deployment=plan, slot="decode-1").update(
+        state=READY, ready_at=T0 + timedelta(seconds=90))
+    _tick(autoscaler, 95)
+    grown.refresh_from_db()
+    assert "decode_1_ready_at" not in grown.progress
+    assert "decode_1_joined_at" not in grown.progress
