@@ -12,7 +12,8 @@ is started if it was stopped, and the return waits until it is clean: every plan
 and alive, the router healthy and a completion answered. If that cannot be reached the borrower's
 test fails, with the processes' errors and log tails, and so does every later borrow.
 
-What "clean" does not cover: restart counts, metrics counters, logs and API keys a borrower added.
+What "clean" does not cover: restart counts, metrics counters, logs and API keys a borrower added,
+and the stopped process rows of slots a borrower added and removed (the process table's history).
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ class Handle(ConsoleApi):
         return response.json()
 
     def processes(self) -> dict[str, dict[str, Any]]:
-        """The deployment's processes by slot: prefill-0, decode-0, router."""
-        return {p["slot"]: p for p in self.deployment()["processes"]}
+        """The deployment's processes by slot: prefill-0, decode-0, router (and any other
+        planned or still running; see ``current_processes``)."""
+        return current_processes(self.deployment())
 
     def wait_for_state(self, wanted: str, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
@@ -97,6 +99,15 @@ class Handle(ConsoleApi):
 
     def log(self, slot: str) -> Path:
         return self.data_dir / "logs" / NAME / f"{slot}.log"
+
+
+def current_processes(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A deployment's processes (as read) by slot, but for the stopped rows that slots a
+    borrower added and removed leave behind (an autoscaled decode-1, a rollout's green): the
+    process table keeps them as history, and they hold up nothing."""
+    planned = {f"{w['role']}-{w['index']}" for w in deployment["workers"]} | {"router"}
+    return {p["slot"]: p for p in deployment["processes"]
+            if p["slot"] in planned or p["state"] != "stopped"}
 
 
 def plan_of(deployment: dict[str, Any]) -> dict[str, Any]:

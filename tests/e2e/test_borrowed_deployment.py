@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.borrowed import FACILITY, Handle, plan_body, plan_of
+from tests.borrowed import FACILITY, Handle, current_processes, plan_body, plan_of
 
 pytestmark = pytest.mark.vllm
 
@@ -35,7 +35,7 @@ def _gone(pid: int) -> bool:
 def test_the_first_borrower_gets_it_ready_and_kills_a_worker(borrowed: Handle) -> None:
     body = borrowed.deployment()
     assert body["state"] == "ready"
-    processes = {p["slot"]: p for p in body["processes"]}
+    processes = current_processes(body)
     assert set(processes) == {"prefill-0", "decode-0", "router"}
     assert httpx.get(f"{borrowed.router}/health", timeout=10).json()["status"] == "ok"
 
@@ -57,7 +57,7 @@ def test_the_next_borrower_finds_it_ready_again(borrowed: Handle) -> None:
     # Ready as it is handed over: no waiting here.
     body = borrowed.deployment()
     assert body["state"] == "ready", body
-    processes = {p["slot"]: p for p in body["processes"]}
+    processes = current_processes(body)
     assert set(processes) == {"prefill-0", "decode-0", "router"}
     assert all(p["state"] == "ready" and psutil.pid_exists(p["pid"]) for p in processes.values())
     health = httpx.get(f"{borrowed.router}/health", timeout=10).json()
