@@ -46,7 +46,7 @@ from console.autoscaling.scaling_messages import decision_message, reading_messa
 from console.autoscaling.schedules import scheduled_minimum
 from console.autoscaling.signals import History, read
 from console.deployments.models import Deployment
-from console.gateway.router_admin import AdminUnreadable, admin_get, router_running
+from console.gateway.router_admin import AdminUnreadable, pool_members, router_running
 from console.live.groups import deployment_group, emit
 from console.live.models import MetricSample, ProcessScrape
 from console.live.periodic import Periodic
@@ -334,10 +334,9 @@ class Autoscaler:
         if not router_running(deployment):
             return None
         try:
-            data = admin_get(deployment, "/backends", timeout_s=2.0)
-            return {backend["url"] for pool in data["roles"].values()
-                    for backend in pool["backends"] if backend["state"] != "draining"}
-        except (AdminUnreadable, KeyError, TypeError) as exc:
+            return {m.url for m in pool_members(deployment, timeout_s=2.0)
+                    if m.state != "draining"}
+        except AdminUnreadable as exc:
             log.info("%s: the router's pools are unreadable now (%s)", deployment.name, exc)
             return None
 

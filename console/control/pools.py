@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 import httpx
 
 from console.deployments.models import Deployment, WorkerPlan
-from console.gateway.router_admin import AdminUnreadable, admin_get, admin_headers, admin_url, router_running
+from console.gateway.router_admin import (
+    AdminUnreadable,
+    admin_headers,
+    admin_url,
+    pool_members,
+    router_running,
+)
 from console.rollouts.revisions import live_number
 from console.supervisor.models import ManagedProcess
 
@@ -131,17 +137,10 @@ class PoolSync:
     def _members(self, deployment: Deployment) -> dict[tuple[str, str], str]:
         """(role, url) -> state ("ready", "not_ready", "draining") of every member of the
         router's pools. Raises ``AdminUnreadable`` when the router gives no such list."""
-        data = admin_get(deployment, "/backends", timeout_s=self.admin_timeout_s)
-        try:
-            members = {(role, backend["url"]): backend["state"]
-                       for role, pool in data["roles"].items() for backend in pool["backends"]}
-            # During a rollout the router holds two revision groups: a removal names the one.
-            self.revisions.update({(deployment.pk, backend["url"]): backend.get("revision", "")
-                                   for pool in data["roles"].values()
-                                   for backend in pool["backends"]})
-            return members
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise AdminUnreadable(f"GET /admin/backends: not a pool listing ({exc!r})") from exc
+        members = pool_members(deployment, timeout_s=self.admin_timeout_s)
+        # During a rollout the router holds two revision groups: a removal names the one.
+        self.revisions.update({(deployment.pk, m.url): m.revision for m in members})
+        return {(m.role, m.url): m.state for m in members}
 
     def _add(self, deployment: Deployment, worker: WorkerPlan) -> bool:
         try:

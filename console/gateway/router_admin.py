@@ -13,6 +13,7 @@ import enum
 import hashlib
 import hmac
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -82,6 +83,28 @@ def admin_get(deployment: Deployment, path: str, timeout_s: float = TIMEOUT_S) -
         return response.json()
     except ValueError as exc:
         raise AdminUnreadable(f"GET /admin{path}: not JSON ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class Member:
+    """One backend in the router's pools: its role, url, revision group and state ("ready",
+    "not_ready", "draining")."""
+
+    role: str
+    url: str
+    revision: str
+    state: str
+
+
+def pool_members(deployment: Deployment, timeout_s: float = TIMEOUT_S) -> list[Member]:
+    """Every backend of the router's pools (``GET /admin/backends``). Raises
+    ``AdminUnreadable`` when the router gives no such list."""
+    data = admin_get(deployment, "/backends", timeout_s=timeout_s)
+    try:
+        return [Member(role, backend["url"], backend.get("revision", ""), backend["state"])
+                for role, pool in data["roles"].items() for backend in pool["backends"]]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise AdminUnreadable(f"GET /admin/backends: not a pool listing ({exc!r})") from exc
 
 
 class Push(enum.Enum):
