@@ -43,22 +43,14 @@ class Resized:
     urls: list[str]
 
 
-class _RollBack(Exception):
-    def __init__(self, refused: Refused) -> None:
-        self.refused = refused
-
-
 def resize(deployment: Deployment, role: str, target: int) -> Resized:
     """Set ``role``'s pool to ``target`` instances; raises ``Refused`` and changes nothing
-    when the grown plan fails a check."""
-    try:
-        with transaction.atomic():
-            # The caller's copy may be as old as its evaluation; the plan edit saves every
-            # field, and a stale copy would undo a stop or an edit made since.
-            fresh = Deployment.objects.select_for_update().get(pk=deployment.pk)
-            return _resize(fresh, role, target)
-    except _RollBack as exc:
-        raise exc.refused from None
+    when the grown plan fails a check (raised inside the transaction, it rolls the edit back)."""
+    with transaction.atomic():
+        # The caller's copy may be as old as its evaluation; the plan edit saves every
+        # field, and a stale copy would undo a stop or an edit made since.
+        fresh = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        return _resize(fresh, role, target)
 
 
 def _resize(deployment: Deployment, role: str, target: int) -> Resized:
@@ -90,9 +82,9 @@ def _check_growth(deployment: Deployment, added: list[str]) -> None:
     errors = [r for check in GROWTH_CHECKS for r in check(plan).results
               if r.severity == Severity.ERROR]
     if errors:
-        raise _RollBack(Refused("preflight", "; ".join(r.message for r in errors)))
+        raise Refused("preflight", "; ".join(r.message for r in errors))
     fit = memory.memory_fit(plan)
     lacking = [r for r in fit.results if r.severity == Severity.ERROR]
     if lacking:
-        raise _RollBack(Refused("capacity", f"adding {', '.join(added)}: "
-                                + "; ".join(r.message for r in lacking)))
+        raise Refused("capacity", f"adding {', '.join(added)}: "
+                      + "; ".join(r.message for r in lacking))

@@ -58,6 +58,8 @@ log = logging.getLogger("pdserve.autoscaler")
 LEASE_NAME = "autoscaler"
 REFUSED_FACT = "deployment.scale_refused"
 SECOND = MetricSample.Resolution.SECOND
+# The refused fact is rewritten at least this often (the evaluator reads it for 60 s).
+FACT_REFRESH = timedelta(seconds=15)
 # A change's progress is followed this long at most.
 FOLLOW_S = 1800.0
 
@@ -67,6 +69,16 @@ class _Pool:
     history: deque[tuple[float, int | None]] = field(default_factory=deque)
     # When a dry run would have changed the pool: its cooldown counts from there.
     dry_change_at: float | None = None
+
+
+@dataclass
+class _Evaluated:
+    """One pool's evaluation this tick, between deciding and acting."""
+
+    row: PoolPolicy
+    decision: decide.Decision
+    inputs: dict[str, Any]
+    value: float | None
 
 
 @dataclass
@@ -94,6 +106,8 @@ class Autoscaler:
         self._held = False
         self._histories: dict[int, History] = {}
         self._pools: dict[tuple[int, str], _Pool] = {}
+        # deployment id -> (the refused fact as last written, when)
+        self._facts: dict[int, tuple[bool, datetime]] = {}
         self._loop = Periodic("autoscaler", self.interval_s, self.tick, log,
                               "an autoscaler evaluation failed; retrying", self._finish)
 
@@ -133,7 +147,7 @@ class Autoscaler:
         history = self._read(deployment, planned, processes, at)
         rollout = Rollout.objects.filter(deployment=deployment,
                                          state__in=Rollout.ACTIVE_STATES).first()
-        decisions: dict[str, tuple[PoolPolicy, decide.Decision, dict[str, Any], float | None]] = {}
+        decisions: dict[str, _Evaluated] = {}
         for row in rows:
             slots = [slot for slot, w in planned.items() if w.role == row.role]
             if not slots:
@@ -161,7 +175,7 @@ class Autoscaler:
                       "scale_up_at": row.scale_up_at, "scale_down_at": row.scale_down_at}
             if floor:
                 inputs["schedule"] = {"window": window_name, "min_instances": floor}
-            decisions[row.role] = (row, decision, inputs, reading.value)
+            decisions[row.role] = _Evaluated(row, decision, inputs, reading.value)
             self._send(deployment, reading_message(PoolReading.objects.create(
                 deployment=deployment, role=row.role, at=now, value=reading.value, asked=asked,
                 current=len(slots), ready=ready, scale_up_at=row.scale_up_at,
@@ -169,30 +183,30 @@ class Autoscaler:
         self._band(deployment, decisions)
         stored = changed = 0
         refused = False
-        for row, decision, inputs, value in decisions.values():
-            decision, slots, urls = self._act(deployment, row, decision, at)
+        for pool in decisions.values():
+            decision, slots, urls = self._act(deployment, pool.row, pool.decision, at)
             refused = refused or decision.reason == decide.CAPACITY
             if decision.would_change:
-                self._store(deployment, row, decision, inputs, value, slots, urls, now)
+                self._store(deployment, pool.row, decision, pool.inputs, pool.value, slots, urls,
+                            now)
                 stored += 1
-            changed += int(decision.action != "none" and row.mode == PoolPolicy.Mode.ACTIVE)
+            changed += int(decision.action != "none" and pool.row.mode == PoolPolicy.Mode.ACTIVE)
         self._refused_fact(deployment, refused, now)
         return stored, changed
 
-    def _band(self, deployment: Deployment,
-              decisions: dict[str, tuple[PoolPolicy, decide.Decision, dict[str, Any],
-                                         float | None]]) -> None:
+    @staticmethod
+    def _band(deployment: Deployment, decisions: dict[str, _Evaluated]) -> None:
         if "prefill" not in decisions or "decode" not in decisions:
             return
         band = RatioBand.objects.filter(deployment=deployment).first()
         if band is None:
             return
-        (p_row, p, p_in, p_val), (d_row, d, d_in, d_val) = decisions["prefill"], decisions["decode"]
-        p, d = decide.ratio_band(p, d, band.min_ratio, band.max_ratio, p_row.max_instances,
-                                 d_row.max_instances)
-        ratio = {"min_ratio": band.min_ratio, "max_ratio": band.max_ratio}
-        decisions["prefill"] = (p_row, p, {**p_in, "ratio_band": ratio}, p_val)
-        decisions["decode"] = (d_row, d, {**d_in, "ratio_band": ratio}, d_val)
+        prefill, decode = decisions["prefill"], decisions["decode"]
+        prefill.decision, decode.decision = decide.ratio_band(
+            prefill.decision, decode.decision, band.min_ratio, band.max_ratio,
+            prefill.row.max_instances, decode.row.max_instances)
+        for pool in (prefill, decode):
+            pool.inputs["ratio_band"] = {"min_ratio": band.min_ratio, "max_ratio": band.max_ratio}
 
     def _act(self, deployment: Deployment, row: PoolPolicy, decision: decide.Decision, at: float
              ) -> tuple[decide.Decision, list[str], list[str]]:
@@ -263,9 +277,14 @@ class Autoscaler:
 
     def _refused_fact(self, deployment: Deployment, refused: bool, now: datetime) -> None:
         """1 while a pool's growth is refused for the node's capacity: the alert rule
-        "scale-up refused" watches it."""
+        "scale-up refused" watches it. Written when it changes, and often enough for the
+        evaluator to read it as fresh."""
+        written = self._facts.get(deployment.pk)
+        if written is not None and written[0] == refused and now - written[1] < FACT_REFRESH:
+            return
         Fact.objects.update_or_create(deployment=deployment, series=REFUSED_FACT,
                                       defaults={"value": float(refused), "at": now})
+        self._facts[deployment.pk] = (refused, now)
 
     # ---- following a change ---------------------------------------------------------------
     def _follow(self, now: datetime) -> None:
@@ -273,10 +292,15 @@ class Autoscaler:
         open_changes = ScalingDecision.objects.filter(
             at__gte=since, dry_run=False, action__in=["up", "down"]).exclude(
             progress__has_key="done_at").select_related("deployment")
+        # Per deployment, read once this tick: its router's members and its planned slots.
+        seen: dict[int, tuple[set[str] | None, set[str]]] = {}
         for decision in open_changes:
             progress = dict(decision.progress)
-            members = self._members(decision.deployment)
-            planned = {w.slot for w in decision.deployment.workers.all()}
+            if decision.deployment_id not in seen:
+                seen[decision.deployment_id] = (
+                    self._members(decision.deployment),
+                    {w.slot for w in decision.deployment.workers.all()})
+            members, planned = seen[decision.deployment_id]
             done = True
             for entry in decision.slots:
                 if decision.action == "up":
@@ -364,6 +388,7 @@ class Autoscaler:
         self._held = False
         self._histories.clear()
         self._pools.clear()
+        self._facts.clear()
 
     def _finish(self) -> None:
         if self._held:
