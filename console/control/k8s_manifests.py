@@ -39,11 +39,9 @@ spreads the router's connections over a role's ready pods.
 from __future__ import annotations
 
 import copy
-import math
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -51,83 +49,41 @@ from django.conf import settings
 
 from console.alerts.models import AlertRule
 from console.alerts.prometheus_rules import render_rule_file
-from console.catalog.models import Variant
 from console.checks.memory import CPU_RUNTIME_BYTES, estimate
 from console.checks.suite import enforce_handshake_compat
+from console.control.k8s_objects import (
+    CACHE_DIR,
+    KEYS_FILE,
+    KV_DIR,
+    MODELS_CLAIM,
+    MODELS_DIR,
+    PARALLEL_FLAGS,
+    POD_IP,
+    POD_PYTHON,
+    RAY_PORT,
+    ROLES,
+    ROUTER_SECRET_DIR,
+    SECRET_KEYS,
+    SHM_LIMIT,
+    TEMPLATE_DIR,
+    TEMPLATE_FILE,
+    ExportError,
+    RoleLayout,
+    Target,
+    environment,
+    http_probe,
+    k8s_object,
+    object_labels,
+    object_name,
+    pod_model_path,
+    quantity,
+    service,
+    template_path,
+)
 from console.control.worker_specs import router_spec, worker_spec
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.services import keys_file_path
 from inference.launch import build_command
-
-DEFAULT_IMAGE = "pdserve:latest"
-# The image's interpreter, instead of the console's virtual environment.
-POD_PYTHON = "python3"
-POD_IP = "$(POD_IP)"
-MODELS_CLAIM = "pdserve-models"
-MODELS_DIR = PurePosixPath("/models")
-KV_DIR = PurePosixPath("/var/lib/pdserve/kv")
-CACHE_DIR = PurePosixPath("/var/cache/pdserve")
-TEMPLATE_DIR = PurePosixPath("/etc/pdserve/chat-template")
-TEMPLATE_FILE = "template.jinja"
-ROUTER_SECRET_DIR = PurePosixPath("/etc/pdserve/router")
-KEYS_FILE = "keys.json"
-# The router's environment variables that carry secrets, and their keys in its Secret.
-SECRET_KEYS = {"PDSERVE_ROUTER_ADMIN_TOKEN": "admin-token", "PDSERVE_API_KEY": "api-key"}
-RAY_PORT = 6379
-# A Ray GPU cluster talks through shared memory (NCCL); a container's own /dev/shm is 64 MiB.
-SHM_LIMIT = "1Gi"
-ROLES = ("prefill", "decode", "colocated")
-LWS_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-# Kubernetes names: a DNS label (a Service's must begin with a letter), and the longest suffix
-# this module puts after a deployment's name.
-NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-LONGEST_SUFFIX = len("-chat-template")
-PARALLEL_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size",
-                  "--distributed-executor-backend")
-
-
-class ExportError(ValueError):
-    """A plan that cannot be written as asked; the message names the argument to change."""
-
-
-@dataclass(frozen=True)
-class Target:
-    namespace: str
-    image: str = DEFAULT_IMAGE
-    gpus_per_node: int | None = None  # None: each instance fits one node, as in the plan
-
-
-@dataclass(frozen=True)
-class RoleLayout:
-    """One role's pods: the instances' largest devices, since they share one pod template."""
-
-    role: str
-    instances: list[WorkerPlan]
-    gpus: int  # per instance
-    cores: int  # per instance; 0: none reserved
-    memory: int  # host memory per pod, in bytes
-    group_size: int  # pods per instance: more than one spans nodes (a LeaderWorkerSet)
-
-    @property
-    def first(self) -> WorkerPlan:
-        return self.instances[0]
-
-    @property
-    def gpus_per_pod(self) -> int:
-        return self.gpus // self.group_size
-
-
-def object_name(deployment: Deployment) -> str:
-    """The prefix of the deployment's Kubernetes names: its name as a DNS label."""
-    name = deployment.name.lower().replace("_", "-")
-    if not NAME.fullmatch(name) or len(name) + LONGEST_SUFFIX > 63:
-        raise ExportError(f"DEPLOYMENT: {deployment.name!r} makes no Kubernetes name: one needs a "
-                          f"letter first and at most {63 - LONGEST_SUFFIX} characters")
-    return name
-
-
-def pod_model_path(variant: Variant) -> str:
-    return str(MODELS_DIR / variant.base.name / variant.name)
 
 
 def layouts(deployment: Deployment, target: Target) -> list[RoleLayout]:
@@ -174,35 +130,19 @@ def manifests(deployment: Deployment, target: Target) -> list[dict[str, Any]]:
     roles = layouts(deployment, target)
     objects: list[dict[str, Any]] = []
     if deployment.chat_template:
-        objects.append(_object("v1", "ConfigMap", name, "chat-template", "config", target,
+        objects.append(k8s_object("v1", "ConfigMap", name, "chat-template", "config", target,
                                data={TEMPLATE_FILE: deployment.chat_template}))
     handshake_compat = enforce_handshake_compat(deployment)
     for layout in roles:
         objects.append(_workload(deployment, layout, target, handshake_compat))
-        objects.append(_service(name, layout.role, layout.first.port, target,
+        objects.append(service(name, layout.role, layout.first.port, target,
                                 leaders_only=layout.group_size > 1))
     objects.append(_router(deployment, roles, target))
-    objects.append(_service(name, "router", deployment.router_port, target))
+    objects.append(service(name, "router", deployment.router_port, target))
     rules = _prometheus_rule(deployment, target)
     if rules is not None:
         objects.append(rules)
     return objects
-
-
-def _labels(name: str, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "pdserve", "app.kubernetes.io/instance": name,
-            "app.kubernetes.io/component": component}
-
-
-def _object(api_version: str, kind: str, name: str, suffix: str, component: str, target: Target,
-            **body: Any) -> dict[str, Any]:
-    return {"apiVersion": api_version, "kind": kind,
-            "metadata": {"name": f"{name}-{suffix}", "namespace": target.namespace,
-                         "labels": _labels(name, component)}, **body}
-
-
-def _template_path(deployment: Deployment) -> Path | None:
-    return Path(TEMPLATE_DIR / TEMPLATE_FILE) if deployment.chat_template else None
 
 
 def worker_process(deployment: Deployment, layout: RoleLayout,
@@ -210,7 +150,7 @@ def worker_process(deployment: Deployment, layout: RoleLayout,
     """The supervisor's command for the role's first instance, with a pod's addresses, files and
     devices in place of its host's (the module's docstring lists them)."""
     spec = replace(
-        worker_spec(deployment, layout.first, handshake_compat, _template_path(deployment)),
+        worker_spec(deployment, layout.first, handshake_compat, template_path(deployment)),
         host=POD_IP,
         model_path=pod_model_path(layout.first.variant),
         kv_storage_path=str(KV_DIR),
@@ -232,14 +172,10 @@ def worker_process(deployment: Deployment, layout: RoleLayout,
     return argv, env
 
 
-def _quantity(size: int) -> str:
-    return f"{math.ceil(size / 2**20)}Mi"
-
-
 def _worker_resources(layout: RoleLayout) -> dict[str, Any]:
     # Requests equal to limits: the pod is Guaranteed, so a static CPU manager gives it whole
     # cores of its own, as the plan pins a worker's cores.
-    limits: dict[str, str] = {"memory": _quantity(layout.memory)}
+    limits: dict[str, str] = {"memory": quantity(layout.memory)}
     if layout.cores:
         limits["cpu"] = str(max(1, layout.cores // layout.group_size))
     if layout.gpus:
@@ -270,27 +206,16 @@ def _worker_volumes(deployment: Deployment, name: str, layout: RoleLayout
     return volumes, mounts
 
 
-def _http_probe(port: str, period_s: int, failures: int, timeout_s: int) -> dict[str, Any]:
-    return {"httpGet": {"path": "/health", "port": port}, "periodSeconds": period_s,
-            "failureThreshold": failures, "timeoutSeconds": timeout_s}
-
-
 def _worker_probes() -> dict[str, Any]:
     return {
         # A start compiles for minutes on a CPU and loads large weights for longer on GPUs:
         # liveness waits for the first healthy answer, for up to 30 minutes.
-        "startupProbe": _http_probe("http", 10, 180, 5),
+        "startupProbe": http_probe("http", 10, 180, 5),
         # vLLM's /health fails once its engine is dead: out of the Service at once, then
         # restarted after a minute.
-        "readinessProbe": _http_probe("http", 5, 2, 3),
-        "livenessProbe": _http_probe("http", 15, 4, 5),
+        "readinessProbe": http_probe("http", 5, 2, 3),
+        "livenessProbe": http_probe("http", 15, 4, 5),
     }
-
-
-def _environment(env: dict[str, str]) -> list[dict[str, Any]]:
-    # POD_IP first: the kubelet expands $(POD_IP) only from variables defined before it.
-    return [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            *({"name": key, "value": value} for key, value in env.items())]
 
 
 def _workload(deployment: Deployment, layout: RoleLayout, target: Target,
@@ -302,14 +227,14 @@ def _workload(deployment: Deployment, layout: RoleLayout, target: Target,
     if deployment.kv_channel == "nixl" and layout.role != "colocated":
         ports.append({"name": "nixl-side", "containerPort": layout.first.side_channel_port})
     container: dict[str, Any] = {
-        "name": "vllm", "image": target.image, "env": _environment(env),
+        "name": "vllm", "image": target.image, "env": environment(env),
         "resources": _worker_resources(layout), "volumeMounts": mounts,
     }
-    labels = _labels(name, layout.role)
+    labels = object_labels(name, layout.role)
     if layout.group_size == 1:
         pod = {"containers": [{**container, "command": argv, "ports": ports, **_worker_probes()}],
                "volumes": volumes}
-        return _object("apps/v1", "Deployment", name, layout.role, layout.role, target,
+        return k8s_object("apps/v1", "Deployment", name, layout.role, layout.role, target,
                        spec={"replicas": len(layout.instances), "selector": {"matchLabels": labels},
                              "template": {"metadata": {"labels": labels}, "spec": pod}})
     # Sh starts the group's Ray node first; "$@" is the supervisor's argv, untouched by the shell.
@@ -321,7 +246,7 @@ def _workload(deployment: Deployment, layout: RoleLayout, target: Target,
     follower = {**container, "command": [
         "sh", "-c", f'exec ray start --address="$LWS_LEADER_ADDRESS:{RAY_PORT}" '
                     '--node-ip-address="$POD_IP" --block']}
-    return _object("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", name, layout.role,
+    return k8s_object("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", name, layout.role,
                    layout.role, target, spec={
                        "replicas": len(layout.instances),
                        "leaderWorkerTemplate": {
@@ -334,17 +259,6 @@ def _workload(deployment: Deployment, layout: RoleLayout, target: Target,
                                               "spec": {"containers": [follower],
                                                        "volumes": volumes}},
                        }})
-
-
-def _service(name: str, component: str, port: int, target: Target,
-             leaders_only: bool = False) -> dict[str, Any]:
-    selector = _labels(name, component)
-    if leaders_only:
-        # A group's leader serves HTTP; its other pods are Ray nodes.
-        selector[LWS_INDEX_LABEL] = "0"
-    return _object("v1", "Service", name, component, component, target, spec={
-        "selector": selector,
-        "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]})
 
 
 def _service_view(layout: RoleLayout, name: str, target: Target) -> WorkerPlan:
@@ -366,7 +280,7 @@ def router_process(deployment: Deployment, roles: Sequence[RoleLayout],
     listening = copy.copy(deployment)
     listening.router_host = "0.0.0.0"
     spec = router_spec(listening, [_service_view(layout, name, target) for layout in roles],
-                       _template_path(deployment), Path(ROUTER_SECRET_DIR / KEYS_FILE), POD_PYTHON)
+                       template_path(deployment), Path(ROUTER_SECRET_DIR / KEYS_FILE), POD_PYTHON)
     return spec.argv, spec.env
 
 
@@ -396,14 +310,14 @@ def _router(deployment: Deployment, roles: Sequence[RoleLayout], target: Target)
         "volumeMounts": mounts,
         # /health answers 503 while no worker of a role is ready: out of the Service then, but
         # alive, since restarting the router would not bring a worker back.
-        "readinessProbe": _http_probe("http", 5, 2, 3),
+        "readinessProbe": http_probe("http", 5, 2, 3),
         "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 15,
                           "failureThreshold": 4, "timeoutSeconds": 5},
     }
-    labels = _labels(name, "router")
+    labels = object_labels(name, "router")
     # One replica: the router keeps its pools' state, and without REDIS_URL the keys' rate
     # limits, in its own memory. The plan reserves no devices for it, so it requests none.
-    return _object("apps/v1", "Deployment", name, "router", "router", target, spec={
+    return k8s_object("apps/v1", "Deployment", name, "router", "router", target, spec={
         "replicas": 1, "selector": {"matchLabels": labels},
         "template": {"metadata": {"labels": labels},
                      "spec": {"containers": [container], "volumes": volumes}}})
@@ -415,7 +329,7 @@ def _prometheus_rule(deployment: Deployment, target: Target) -> dict[str, Any] |
     if not groups:
         return None
     name = object_name(deployment)
-    return _object("monitoring.coreos.com/v1", "PrometheusRule", name, "alerts", "alerts",
+    return k8s_object("monitoring.coreos.com/v1", "PrometheusRule", name, "alerts", "alerts",
                    target, spec={"groups": groups})
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from console.control import k8s_manifests
+from console.control import k8s_manifests, k8s_objects
 from console.deployments.models import Deployment
 
 # A namespace is a DNS label (RFC 1123).
@@ -43,9 +43,9 @@ class Command(BaseCommand):
                                  "default: print to stdout")
         parser.add_argument("--namespace", default="default",
                             help="the namespace of every object (default: default)")
-        parser.add_argument("--image", default=k8s_manifests.DEFAULT_IMAGE,
+        parser.add_argument("--image", default=k8s_objects.DEFAULT_IMAGE,
                             help="an image with pdserve and vLLM, run by the workers and the "
-                                 f"router (default: {k8s_manifests.DEFAULT_IMAGE})")
+                                 f"router (default: {k8s_objects.DEFAULT_IMAGE})")
         parser.add_argument("--gpus-per-node", type=positive, metavar="N",
                             help="GPUs of one Kubernetes node: an instance needing more spans "
                                  "several pods (a LeaderWorkerSet); default: the plan's nodes, "
@@ -64,11 +64,11 @@ class Command(BaseCommand):
             known = ", ".join(Deployment.objects.values_list("name", flat=True)) or "none"
             raise CommandError(f"DEPLOYMENT: no deployment is named {options['deployment']!r} "
                                f"(there are: {known})")
-        target = k8s_manifests.Target(namespace=namespace, image=options["image"],
+        target = k8s_objects.Target(namespace=namespace, image=options["image"],
                                       gpus_per_node=options["gpus_per_node"])
         try:
             text = k8s_manifests.render(deployment, target)
-        except k8s_manifests.ExportError as error:
+        except k8s_objects.ExportError as error:
             raise CommandError(str(error)) from error
         out: Path | None = options["out"]
         if out is None:
