@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.contrib.auth.models import User
+from django.test import Client
 from rest_framework.test import APIClient
 
 from console.accounts.models import Membership, Role, Team
 from console.accounts.roles import default_team
 from console.audit.models import AuditEntry
+from tests.console.tokens import token_for
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,14 @@ def make_crew() -> Crew:
                 operator=member("otto", team, Role.OPERATOR),
                 admin=member("ada", team, Role.ADMIN),
                 stranger=member("stan", other, Role.OPERATOR))
+
+
+def token_client(team: Team, role: Role | None, name: str) -> Client:
+    """A client that sends a new user's API token; with ``role``, the user is of ``team``."""
+    user = User.objects.create_user(name, "", "pw")
+    if role is not None:
+        Membership.objects.create(team=team, user=user, role=role)
+    return Client(headers={"Authorization": f"Token {token_for(user)}"})
 
 
 def api_as(user: User | None) -> APIClient:

@@ -9,18 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.test import Client
 
-from console.accounts.models import Membership, Role, Team
+from console.accounts.models import Role, Team
 from console.audit.models import AuditEntry
 from console.autoscaling import decide, services
 from console.autoscaling.models import SIGNAL_DEFAULTS, PoolPolicy, RatioBand, ScalingDecision
 from console.deployments.models import Deployment, WorkerPlan
 from console.supervisor.models import ManagedProcess
+from tests.console.team_users import token_client
 from tests.console.tiny_models import make_plan
-from tests.console.tokens import token_for
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -44,25 +43,19 @@ def colocated(team: Team, tmp_path: Path) -> Deployment:
     return deployment
 
 
-def _client(team: Team, role: Role, name: str) -> Client:
-    user = User.objects.create_user(name, "", "pw")
-    Membership.objects.create(team=team, user=user, role=role)
-    return Client(headers={"Authorization": f"Token {token_for(user)}"})
-
-
 @pytest.fixture
 def operator(team: Team) -> Client:
-    return _client(team, Role.OPERATOR, "op")
+    return token_client(team, Role.OPERATOR, "op")
 
 
 @pytest.fixture
 def viewer(team: Team) -> Client:
-    return _client(team, Role.VIEWER, "vi")
+    return token_client(team, Role.VIEWER, "vi")
 
 
 @pytest.fixture
 def stranger(db: None) -> Client:
-    return _client(Team.objects.create(name="other"), Role.ADMIN, "stranger")
+    return token_client(Team.objects.create(name="other"), Role.ADMIN, "stranger")
 
 
 def _url(deployment: Deployment, tail: str = "") -> str:

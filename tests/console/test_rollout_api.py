@@ -9,17 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from console.accounts.models import Membership, Role, Team
+from console.accounts.models import Role, Team
 from console.audit.models import AuditEntry
 from console.deployments.models import Deployment
 from console.rollouts import revisions
 from console.rollouts.models import Revision, Rollout
+from tests.console.team_users import token_client
 from tests.console.tiny_models import make_plan, make_startable
-from tests.console.tokens import token_for
 
 
 @pytest.fixture
@@ -36,27 +35,20 @@ def plan(team: Team, tmp_path: Path) -> Deployment:
     return deployment
 
 
-def _client(team: Team, role: Role | None, name: str) -> Client:
-    user = User.objects.create_user(name, "", "pw")
-    if role is not None:
-        Membership.objects.create(team=team, user=user, role=role)
-    return Client(headers={"Authorization": f"Token {token_for(user)}"})
-
-
 @pytest.fixture
 def operator(team: Team) -> Client:
-    return _client(team, Role.OPERATOR, "op")
+    return token_client(team, Role.OPERATOR, "op")
 
 
 @pytest.fixture
 def viewer(team: Team) -> Client:
-    return _client(team, Role.VIEWER, "vi")
+    return token_client(team, Role.VIEWER, "vi")
 
 
 @pytest.fixture
 def stranger(db: None) -> Client:
     other = Team.objects.create(name="other")
-    return _client(other, Role.ADMIN, "stranger")
+    return token_client(other, Role.ADMIN, "stranger")
 
 
 @pytest.fixture
