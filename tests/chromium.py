@@ -14,6 +14,20 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
+# Instrumentation for a page's init script, before any script of the page runs: how many live
+# sockets (/ws/.../live/) it opened, in window.__liveSockets (a reload or a reconnect shows).
+COUNT_LIVE_SOCKETS = """
+window.__liveSockets = 0;
+const NativeWebSocket = window.WebSocket;
+window.WebSocket = class extends NativeWebSocket {
+  constructor(...args) {
+    super(...args);
+    if (String(args[0]).includes("/live/")) {
+      this.addEventListener("open", () => { window.__liveSockets += 1; });
+    }
+  }
+};
+"""
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]

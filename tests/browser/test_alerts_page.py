@@ -9,8 +9,6 @@ console's hub (embedded mode) broadcasts the alert events it stores.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,9 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.chromium import signed_in
-from tests.fuzz.live_console import PASSWORD, USERNAME, LiveConsole, console_env, live_console
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.fuzz.live_console import PASSWORD, USERNAME, LiveConsole, django_shell, live_console
 
 # A running PD deployment whose decode worker has been restarted (so not a first start) and
 # whose latest snapshot says decode does not answer: worker down, at the next tick.
@@ -54,14 +50,6 @@ print(Evaluator(holder="browser-test").tick(now + timedelta(seconds=1)))
 """
 
 
-def _django(console: LiveConsole, code: str) -> str:
-    env = console_env(console.data_dir, int(console.url.rsplit(":", 1)[1]))
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 @pytest.fixture
 def console(tmp_path: Path) -> Iterator[LiveConsole]:
     with live_console(tmp_path) as live:
@@ -80,7 +68,7 @@ def test_an_alert_appears_live_and_a_silence_from_the_page_mutes_it(
     expect(page.locator("#alert-empty")).to_be_visible()
     expect(page.locator("#nav-alert-count")).to_have_text("0")
 
-    report = _django(console, SETUP.format(model=str(tmp_path / "model")))
+    report = django_shell(console, SETUP.format(model=str(tmp_path / "model")))
     assert "evaluated=True" in report, report
 
     row = page.locator("#alert-table tbody tr", has_text="WorkerDown")
@@ -94,7 +82,7 @@ def test_an_alert_appears_live_and_a_silence_from_the_page_mutes_it(
     row.locator("button.silence").click()
     muted = page.locator("#alert-table tbody tr", has_text="WorkerDown")
     expect(muted).to_contain_text("silenced by #1")
-    silences = _django(console, "from console.alerts.models import Silence; "
+    silences = django_shell(console, "from console.alerts.models import Silence; "
                                 "print([(s.comment, s.matchers) for s in Silence.objects.all()])")
     assert "restarting decode" in silences and "decode-0" in silences
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,10 +20,9 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.chromium import signed_in
-from tests.fuzz.live_console import LiveConsole, console_env, live_console
+from tests.chromium import COUNT_LIVE_SOCKETS, signed_in
+from tests.fuzz.live_console import LiveConsole, django_shell, live_console
 
-REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "scale-it-up-slowly"
 AT = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # a decision's time, UTC
 LIVE_S = 15_000  # ms: the hub polls every 0.1 s; a shell process takes a few seconds to start
@@ -92,31 +89,9 @@ print(PoolPolicy.objects.get(deployment_id={pk}, role="decode").mode, entry.user
       entry.changes["mode"])
 """
 
-# Instrumentation, before any script of the page runs: which live sockets are open.
-SOCKETS = """
-window.__liveSockets = 0;
-const NativeWebSocket = window.WebSocket;
-window.WebSocket = class extends NativeWebSocket {
-  constructor(...args) {
-    super(...args);
-    if (String(args[0]).includes("/live/")) {
-      this.addEventListener("open", () => { window.__liveSockets += 1; });
-    }
-  }
-};
-"""
-
-
-def _django(console: LiveConsole, code: str) -> str:
-    env = console_env(console.data_dir, int(console.url.rsplit(":", 1)[1]))
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
 
 def _world(console: LiveConsole, root: Path, name: str) -> int:
-    out = _django(console, SETUP.format(root=str(root), password=PASSWORD, name=name))
+    out = django_shell(console, SETUP.format(root=str(root), password=PASSWORD, name=name))
     return int(json.loads(out.strip().splitlines()[-1])["deployment"])
 
 
@@ -129,7 +104,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveConsole]:
 @contextmanager
 def _open(browser: Browser, console: LiveConsole, username: str, path: str) -> Iterator[Page]:
     with signed_in(browser, console.url, username, PASSWORD) as page:
-        page.context.add_init_script(SOCKETS)
+        page.context.add_init_script(COUNT_LIVE_SOCKETS)
         page.goto(path)
         # Only rows stored after the hub's first poll are broadcast: the socket is open first.
         page.wait_for_function("window.__liveSockets > 0", timeout=LIVE_S)
@@ -163,7 +138,7 @@ def test_the_autoscalers_rows_reach_the_page_live(browser: Browser, console: Liv
                 expect(button).to_be_disabled()
         expect(page.locator("#mode-decode button.selected")).to_have_text("dry run")
 
-        _django(console, EVALUATION.format(pk=pk))
+        django_shell(console, EVALUATION.format(pk=pk))
 
         cells = _decision_cells(page, "decisions")
         expect(cells).to_have_text(
@@ -177,7 +152,7 @@ def test_the_autoscalers_rows_reach_the_page_live(browser: Browser, console: Liv
                                timeout=LIVE_S)
         expect(page.locator("#chart-decode .uplot")).to_have_count(1)
 
-        _django(console, EXTENDED.format(pk=pk))
+        django_shell(console, EXTENDED.format(pk=pk))
 
         expect(cells.first).to_contain_text("×3 to ", timeout=LIVE_S)
         expect(page.locator("#decisions tbody tr[data-id]")).to_have_count(1)
@@ -198,7 +173,7 @@ def test_the_deployment_pages_events_list_is_live(browser: Browser, console: Liv
             "href", "/deployments/scaled-events/autoscaling/")
         expect(page.locator("#scaling-events-table tr.empty")).to_be_visible()
 
-        _django(console, EVALUATION.format(pk=pk))
+        django_shell(console, EVALUATION.format(pk=pk))
 
         expect(_decision_cells(page, "scaling-events-table")).to_have_text(
             [AT, "decode", "up dry run", "1 → 2", "2", "scaled", "asks for 2 over the window",
@@ -220,5 +195,5 @@ def test_an_operator_switches_the_mode(browser: Browser, console: LiveConsole,
         expect(page.locator("#mode-decode button.selected")).to_have_text("active")
         expect(page.locator("#pool-decode-mode")).to_have_text(
             "active (decisions change the pool)")
-        assert _django(console, POLICY.format(pk=pk)).strip().splitlines()[-1].split() == [
+        assert django_shell(console, POLICY.format(pk=pk)).strip().splitlines()[-1].split() == [
             "active", "scale-operator", "['dry_run',", "'active']"]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,10 +19,9 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.chromium import signed_in
-from tests.fuzz.live_console import LiveConsole, console_env, live_console
+from tests.chromium import COUNT_LIVE_SOCKETS, signed_in
+from tests.fuzz.live_console import LiveConsole, django_shell, live_console
 
-REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "roll-it-out-slowly"
 AT = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")  # a transition's time, UTC
 LIVE_S = 15_000  # ms: the hub polls every 0.1 s; a shell process takes a few seconds to start
@@ -124,36 +121,14 @@ with acting_as(AuditEntry.Actor.COMMAND, "rollout", User.objects.get(username="r
     services.{mover}(Rollout.objects.get(pk={pk}))
 """
 
-# Instrumentation, before any script of the page runs: which live sockets are open.
-SOCKETS = """
-window.__liveSockets = 0;
-const NativeWebSocket = window.WebSocket;
-window.WebSocket = class extends NativeWebSocket {
-  constructor(...args) {
-    super(...args);
-    if (String(args[0]).includes("/live/")) {
-      this.addEventListener("open", () => { window.__liveSockets += 1; });
-    }
-  }
-};
-"""
-
-
-def _django(console: LiveConsole, code: str) -> str:
-    env = console_env(console.data_dir, int(console.url.rsplit(":", 1)[1]))
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
 
 def _world(console: LiveConsole, root: Path, name: str) -> dict[str, Any]:
-    out = _django(console, SETUP.format(root=str(root), password=PASSWORD, name=name))
+    out = django_shell(console, SETUP.format(root=str(root), password=PASSWORD, name=name))
     return json.loads(out.strip().splitlines()[-1])
 
 
 def _supervisor(console: LiveConsole, pk: int, body: str) -> None:
-    _django(console, SUPERVISOR.format(pk=pk, body=body.strip("\n")))
+    django_shell(console, SUPERVISOR.format(pk=pk, body=body.strip("\n")))
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +140,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveConsole]:
 @contextmanager
 def _open(browser: Browser, console: LiveConsole, username: str, pk: int) -> Iterator[Page]:
     with signed_in(browser, console.url, username, PASSWORD) as page:
-        page.context.add_init_script(SOCKETS)
+        page.context.add_init_script(COUNT_LIVE_SOCKETS)
         page.goto(f"/rollouts/{pk}/")
         # Only rows stored after the hub's first poll are broadcast: the socket is open first.
         page.wait_for_function("window.__liveSockets > 0", timeout=LIVE_S)
@@ -299,11 +274,11 @@ def test_a_viewer_sees_the_rollout_live_and_no_buttons(
     expect(page.locator("#paused-from")).to_have_text("")
 
     # An operator pauses from elsewhere, then resumes: the paused-from note comes and goes.
-    _django(console, PAUSE.format(pk=world["rollout"], mover="pause"))
+    django_shell(console, PAUSE.format(pk=world["rollout"], mover="pause"))
     expect(page.locator("#rollout-state")).to_have_text("paused", timeout=LIVE_S)
     expect(page.locator("#paused-from")).to_have_text("(from stepping)")
     expect(page.locator("#weight-text")).to_have_text("blue r1 90% · green r2 10%")
-    _django(console, PAUSE.format(pk=world["rollout"], mover="resume"))
+    django_shell(console, PAUSE.format(pk=world["rollout"], mover="resume"))
     expect(page.locator("#rollout-state")).to_have_text("stepping", timeout=LIVE_S)
     expect(page.locator("#paused-from")).to_have_text("")
     expect(page.locator("#transitions tbody tr").last.locator("td")).to_have_text(

@@ -64,6 +64,16 @@ def console_env(data_dir: Path, port: int) -> dict[str, str]:
     return env
 
 
+def django_shell(console: LiveConsole, code: str) -> str:
+    """Run ``code`` in ``manage.py shell`` against the live console's database, as another
+    process would write to it; its output."""
+    env = console_env(console.data_dir, int(console.url.rsplit(":", 1)[1]))
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 @contextmanager
 def live_console(root: Path) -> Iterator[LiveConsole]:
     data_dir = root / "data"
