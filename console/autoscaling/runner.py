@@ -142,7 +142,8 @@ class Autoscaler:
         planned = {w.slot: w for w in deployment.workers.all()}
         processes = {p.slot: p for p in ManagedProcess.objects.filter(
             deployment=deployment, kind__in=ManagedProcess.PLANNED_KINDS)}
-        history = self._read(deployment, planned, processes, at)
+        history = self._read(deployment, planned, processes, at,
+                             histograms=any(row.signal == "slo" for row in rows))
         rollout = Rollout.objects.filter(deployment=deployment,
                                          state__in=Rollout.ACTIVE_STATES).first()
         decisions: dict[str, _Evaluated] = {}
@@ -286,7 +287,9 @@ class Autoscaler:
 
     # ---- inputs ---------------------------------------------------------------------------
     def _read(self, deployment: Deployment, planned: dict[str, Any],
-              processes: dict[str, ManagedProcess], at: float) -> History:
+              processes: dict[str, ManagedProcess], at: float, histograms: bool) -> History:
+        """The deployment's recent snapshots; and, when a policy reads the SLO signal
+        (``histograms``), the router's last scrape, parsed (tens of KB of text a tick)."""
         history = self._histories.setdefault(deployment.pk, History())
         rows = MetricSample.objects.filter(deployment=deployment, resolution=SECOND,
                                            id__gt=history.last_sample_id)
@@ -296,7 +299,7 @@ class Autoscaler:
                              rows.order_by("id").values_list("id", "created", "data")),
                             planned, first_starts(planned, processes), first_ready(processes))
         router = processes.get("router")
-        if router is not None and router.state == ManagedProcess.State.READY:
+        if histograms and router is not None and router.state == ManagedProcess.State.READY:
             scrape = ProcessScrape.objects.filter(process=router).first()
             if scrape is not None:
                 history.add_scrape(scrape.scraped.timestamp(), scrape.text)
