@@ -24,7 +24,7 @@ from console.checks import memory
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import GIB, Node
 from console.fleet.services import local_node
-from console.live.models import MetricSample
+from console.live.models import MetricSample, ProcessScrape
 from console.rollouts import revisions, services
 from console.rollouts.models import Rollout
 from console.supervisor.models import ManagedProcess
@@ -326,3 +326,35 @@ def test_an_instance_removed_before_it_was_ready_closes_its_growth(plan: Deploym
     grown.refresh_from_db()
     assert "decode_1_ready_at" not in grown.progress
     assert "decode_1_joined_at" not in grown.progress
+
+
+def _router_scrape(deployment: Deployment, at: datetime, requests: int, seconds: float) -> None:
+    """The router's last /metrics as the collector stores it: ``requests`` answered so far,
+    each with its first token after ``seconds``."""
+    bounds = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0]
+    lines = ["# TYPE pdserve_router_ttft_seconds histogram"]
+    lines += [f'pdserve_router_ttft_seconds_bucket{{revision="1",le="{b}"}} '
+              f'{requests if seconds <= b else 0}' for b in bounds]
+    lines += [f'pdserve_router_ttft_seconds_bucket{{revision="1",le="+Inf"}} {requests}',
+              f'pdserve_router_ttft_seconds_count{{revision="1"}} {requests}',
+              f'pdserve_router_ttft_seconds_sum{{revision="1"}} {requests * seconds}']
+    router = ManagedProcess.objects.get(deployment=deployment, slot="router")
+    ProcessScrape.objects.update_or_create(process=router, defaults={
+        "scraped": at, "text": "\n".join(lines) + "\n"})
+
+
+def test_the_slo_signal_reads_the_routers_ttft_over_its_window(plan: Deployment) -> None:
+    """TTFT p90 at 2.2 times the plan's 2 s SLO over the router's window: the SLO ratio, read
+    from the router's histogram deltas, asks for more decode instances."""
+    _policy(plan, signal="slo", scale_up_at=0.55, scale_down_at=0.40, max_instances=2)
+    autoscaler = Autoscaler(interval_s=INTERVAL_S)
+    _load(plan, T0 - timedelta(seconds=20), T0 + timedelta(seconds=15), 1)
+    for seconds, requests in ((0, 0), (5, 20), (10, 40), (15, 60)):
+        _router_scrape(plan, T0 + timedelta(seconds=seconds), requests, 4.4)
+        _tick(autoscaler, seconds)
+    grown = [d for d in _decisions(plan) if d.action == "up"]
+    assert grown, [(d.reason, d.value, d.inputs) for d in _decisions(plan)]
+    assert grown[0].signal == "slo"
+    assert grown[0].inputs["ttft_p90_s"] > 2.0
+    assert grown[0].value == pytest.approx(grown[0].inputs["ttft_p90_s"] / 2.0)
+    assert grown[0].value > 0.55
