@@ -1,5 +1,6 @@
 """Shared by every suite: each suite's wall time at the end of a run (tests/suite_times.py), and
-the session's borrowable tiny-model deployment (tests/borrowed.py)."""
+the session's borrowable tiny-model deployment (tests/borrowed.py), closed after its last borrower
+(tests/early_teardown.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import early_teardown
 from tests.borrowed import Handle, borrow, shutdown
 from tests.tiny_llama import TEST_CACHE_DIR
 
@@ -19,6 +21,7 @@ os.environ["PDSERVE_CACHE_DIR"] = str(TEST_CACHE_DIR)
 os.environ["PDSERVE_ENFORCE_EAGER"] = "1"
 
 pytest_plugins = ["tests.suite_times"]
+early_teardown.register("borrowed", shutdown)
 
 
 @pytest.fixture
@@ -34,6 +37,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "borrowed" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.vllm)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(early_teardown.LastUsers(), "pdserve-early-teardown")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from inference.launch import WorkerSpec, build_command
+from tests import early_teardown
 from tests.console.sockets import free_port
 from tests.console_api import ConsoleApi
 from tests.tiny_llama import TEST_CACHE_DIR
@@ -77,6 +78,12 @@ def _wait_http(url: str, timeout_s: float,
     raise AssertionError(f"{url} did not answer within {timeout_s} s")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The borrowed deployment's tests, then the stack's, then the files that start their own
+    # servers: each set of servers is closed after its last user (tests/early_teardown.py).
+    early_teardown.order_by_set(items, "e2e", ["borrowed", "stack"])
+
+
 def _manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=env, check=True)
 
@@ -109,6 +116,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
     reference: subprocess.Popen[bytes] | None = None
     console = subprocess.Popen([sys.executable, "manage.py", "up", "--no-start"], cwd=REPO,
                                env=env)
+
+    def close() -> None:
+        """Stop the console (its supervisor stops the deployment) and the reference; the last
+        test that uses the stack calls this (tests/early_teardown.py), and the end of the
+        session again."""
+        if console.poll() is None:
+            console.send_signal(signal.SIGTERM)
+            try:
+                console.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                console.kill()
+                console.wait()
+        if reference is not None and reference.poll() is None:
+            os.killpg(reference.pid, signal.SIGKILL)
+            reference.wait()
+        reference_log.close()
+
+    early_teardown.register("stack", close)
     try:
         console_url = f"http://127.0.0.1:{console_port}"
         _wait_http(f"{console_url}/login/", 60, console)
@@ -140,12 +165,4 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         _wait_http(f"{stack.reference}/health", START_TIMEOUT_S, reference)
         yield stack
     finally:
-        console.send_signal(signal.SIGTERM)
-        try:
-            console.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            console.kill()
-        if reference is not None:
-            os.killpg(reference.pid, signal.SIGKILL)
-            reference.wait()
-        reference_log.close()
+        close()

@@ -1,0 +1,75 @@
+"""A session-wide set of vLLM servers ends after its last user, not at the end of the session,
+and the users of each set run one after another.
+
+The borrowed tiny-model deployment (tests/borrowed.py) and the e2e stack (tests/e2e/conftest.py)
+are several vLLM servers each, about 3.4 GB and a share of a core apiece even when idle. Kept to
+the end of the session they ran beside every later suite's own servers, on two cores and 24 GB:
+later starts slowed down by minutes and memory ran short. So the tests that use one set are
+grouped (files keep their order within a group; a file whose tests use none comes last), and the
+set is closed in the teardown of its last user.
+
+tests/conftest.py registers ``LastUsers`` as a plugin. A conftest registers a set with
+``register(fixture_name, close)``; ``close`` must be idempotent (the fixture's own teardown at
+the end of the session may call it again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+_CLOSERS: dict[str, Callable[[], None]] = {}
+
+
+def register(fixture_name: str, close: Callable[[], None]) -> None:
+    _CLOSERS[fixture_name] = close
+
+
+def _uses(item: pytest.Item, fixture_name: str) -> bool:
+    return fixture_name in getattr(item, "fixturenames", ())
+
+
+def group_of(items: list[pytest.Item], fixture_names: list[str]) -> dict[str, int]:
+    """Each file's group: the index of the first of ``fixture_names`` one of its tests uses,
+    or ``len(fixture_names)`` if none."""
+    groups: dict[str, int] = {}
+    for item in items:
+        path = str(item.path)
+        group = next((i for i, name in enumerate(fixture_names) if _uses(item, name)),
+                     len(fixture_names))
+        groups[path] = min(groups.get(path, group), group)
+    return groups
+
+
+def order_by_set(items: list[pytest.Item], directory: str, fixture_names: list[str]) -> None:
+    """Reorder, in place, the tests under ``directory`` (a contiguous run in pytest's order) so
+    that the users of each set come together, in the order of ``fixture_names``."""
+    indices = [i for i, item in enumerate(items) if f"/{directory}/" in str(item.path)]
+    if not indices:
+        return
+    chosen = [items[i] for i in indices]
+    groups = group_of(chosen, fixture_names)
+    # sorted() is stable: files, and tests within a file, keep their order inside a group.
+    for index, item in zip(indices, sorted(chosen, key=lambda it: groups[str(it.path)]),
+                           strict=True):
+        items[index] = item
+
+
+class LastUsers:
+    """Closes each registered set in the teardown of the last test that uses it."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, str] = {}
+
+    @pytest.hookimpl(trylast=True)  # after every conftest has reordered the tests
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self.last = {name: item.nodeid for item in items
+                     for name in getattr(item, "fixturenames", ())}
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        yield
+        for name, close in _CLOSERS.items():
+            if self.last.get(name) == item.nodeid:
+                close()
