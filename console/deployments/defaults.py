@@ -12,6 +12,7 @@ from console.catalog.models import BaseModel
 from console.catalog.services import ensure_variant, is_stale, reinspect
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.services import local_node
+from inference.cpu_dtype import cpu_flags, preferred_dtype
 
 DEFAULT_DEPLOYMENT = "smollm2-1p1d"
 DEFAULT_BASE_MODEL = "smollm2-135m-instruct"
@@ -19,10 +20,8 @@ DEFAULT_SERVED_NAME = "smollm2"
 # Shared storage is the default channel for one CPU host: NIXL's progress thread busy-polls
 # about one core per idle worker, which a 2-core machine cannot spare (README, "KV channels").
 DEFAULT_KV_CHANNEL = "shared-storage"
-# What vLLM computes a bf16 checkpoint in. float32 is about 3x slower in prefill on this CPU
-# and reads twice the bytes per decode step; the README says when to choose it.
-DEFAULT_DTYPE = "bfloat16"
-# The KV cache (1 GiB) holds 22 requests of 2048 tokens in bfloat16 (22.5 KiB per token).
+# The KV cache (1 GiB) holds 22 requests of 2048 tokens in bfloat16 (22.5 KiB per token), 11 in
+# float32.
 DEFAULT_CONCURRENCY = 8
 
 
@@ -61,7 +60,9 @@ def ensure_default_deployment(model_dir: Path | None = None) -> tuple[Deployment
         concurrency=DEFAULT_CONCURRENCY,
         kv_channel=DEFAULT_KV_CHANNEL,
         kv_cache_gib=1,
-        dtype=DEFAULT_DTYPE,
+        # What vLLM computes the bf16 checkpoint in: bfloat16 where the CPU multiplies it
+        # natively, else float32, 8x faster in prefill there (inference/cpu_dtype.py).
+        dtype=preferred_dtype(cpu_flags()),
         engine_version=node.engine_version,
         sampling_defaults={"temperature": 0.0},
         router_port=settings.PDSERVE_ROUTER_PORT,
