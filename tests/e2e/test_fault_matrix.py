@@ -45,6 +45,8 @@ CLIENTS = 4
 # What a case may wait for a process the supervisor restarts (a tiny-model vLLM worker starts in
 # 30-60 s on this machine, and took over 3 minutes while other suites ran beside it).
 BACK_TIMEOUT_S = 300.0
+# Between one client's requests while a killed worker starts again (Load.restarting).
+RESTART_PACE_S = 0.5
 
 
 @dataclass
@@ -95,7 +97,13 @@ class Result:
 @dataclass
 class Load:
     """Four clients in threads, each sending short completions one after the other, streamed
-    and not in turn, until stopped."""
+    and not in turn, until stopped.
+
+    While a killed worker starts again, ``restarting()`` has each client wait ``RESTART_PACE_S``
+    between requests: requests keep arriving at the degraded deployment, but vLLM's start gets
+    the cores (four clients without pause made each restart take about 3 minutes on two cores).
+    ``restarted()`` makes the load full again.
+    """
 
     router: str
     headers: dict[str, str] = field(default_factory=dict)
@@ -106,6 +114,13 @@ class Load:
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _counter: Iterator[int] = field(default_factory=itertools.count)
+    _pace_s: float = 0.0
+
+    def restarting(self) -> None:
+        self._pace_s = RESTART_PACE_S
+
+    def restarted(self) -> None:
+        self._pace_s = 0.0
 
     def __enter__(self) -> Load:
         for index in range(CLIENTS):
@@ -134,6 +149,8 @@ class Load:
                 self.results.append(Result(started, time.monotonic(), stream, outcome))
                 if outcome == "refused":
                     time.sleep(0.25)  # a closed port refuses at once: do not spin
+                elif self._pace_s:
+                    self._stop.wait(self._pace_s)
 
     def _send(self, http: httpx.Client, body: dict[str, Any], stream: bool) -> str:
         url = f"{self.router}/v1/completions"
@@ -292,10 +309,12 @@ def test_sigkill_prefill(borrowed: Handle, tmp_path: Path) -> None:
         assert (health.json()["status"], health.json().get("degraded")) == ("degraded", "prefill")
         load.wait_for(8)
         degraded = metric(router, "pdserve_router_degraded_total", {"missing_role": "prefill"})
+        load.restarting()
         _wait(ready_again(borrowed, "prefill-0", prefill["pid"]), "prefill-0 restarted",
               BACK_TIMEOUT_S, interval_s=0.5)
         _wait(_quiet(lambda: member(router, url)["ready"]), "prefill back in rotation", 10)
         recovery = time.monotonic() - killed
+        load.restarted()
         load.wait_for(8)
     results = load.snapshot()
     late = [r for r in failed(results) if r.started >= killed]
@@ -327,10 +346,12 @@ def test_sigkill_decode(borrowed: Handle, tmp_path: Path) -> None:
         detection = time.monotonic() - killed
         load.wait_for(8)
         degraded = metric(router, "pdserve_router_degraded_total", {"missing_role": "decode"})
+        load.restarting()
         _wait(ready_again(borrowed, "decode-0", decode["pid"]), "decode-0 restarted",
               BACK_TIMEOUT_S, interval_s=0.5)
         _wait(_quiet(lambda: member(router, url)["ready"]), "decode back in rotation", 10)
         recovery = time.monotonic() - killed
+        load.restarted()
         load.wait_for(8)
     last = json.loads(events(lines)[-1])
     assert last["error"]["code"] == "decode_failed", lines[-3:]

@@ -32,6 +32,8 @@ pytestmark = pytest.mark.vllm
 
 PROMPT = "The capital of France is the city of"
 ROLLOUT_TIMEOUT_S = 600.0
+# Between one client's requests while green starts (Load.paced).
+STARTING_PACE_S = 0.5
 # Short steps, holds and windows: the test proves the machine, not the defaults.
 CANARY = {"steps": [{"weight": 30, "hold_s": 6}, {"weight": 100, "hold_s": 0}],
           "analysis": {"interval_s": 3, "failure_limit": 3, "min_requests": 3,
@@ -42,12 +44,25 @@ CANARY = {"steps": [{"weight": 30, "hold_s": 6}, {"weight": 100, "hold_s": 0}],
 
 @dataclass
 class Load:
-    """Clients that send completions without pause; every answer is kept."""
+    """Clients that send completions one after another; every answer is kept.
+
+    While green's workers start, each client waits ``pace_s`` between requests: requests keep
+    flowing through blue, but the two cores go to vLLM's start (at full load one green start
+    took over 5 minutes here, and one in CI went past the rollout's 10-minute limit). The load
+    is full again once green serves (``full()``), through every weight change and the drain.
+    """
 
     router: str
     model: str
     answers: list[tuple[int, str, str, str]] = field(default_factory=list)  # status, rev, text, err
     stop: threading.Event = field(default_factory=threading.Event)
+    pace_s: float = 0.0
+
+    def paced(self) -> None:
+        self.pace_s = STARTING_PACE_S
+
+    def full(self) -> None:
+        self.pace_s = 0.0
 
     def run(self, session: str | None, stream: bool) -> None:
         """Send requests until told to stop; streamed ones count an SSE error event as a
@@ -70,6 +85,8 @@ class Load:
                     continue
                 text, error = _text(raw, stream)
                 self.answers.append((599 if error else 200, revisions, text, error))
+                if self.pace_s:
+                    self.stop.wait(self.pace_s)
 
     def since(self, index: int) -> list[tuple[int, str, str, str]]:
         return self.answers[index:]
@@ -113,13 +130,16 @@ def _rollout(handle: Handle, revision: int, strategy: str, **options: Any) -> di
     return response.json()
 
 
-def _finish(handle: Handle, rollout_id: int, wanted: str,
+def _finish(handle: Handle, rollout_id: int, wanted: str, load: Load,
             during: Any = None) -> dict[str, Any]:
-    """Wait for the rollout to end; ``during(rollout)`` is called on each poll."""
+    """Wait for the rollout to end, with the load paced until green's workers are up;
+    ``during(rollout)`` is called on each poll."""
     deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
     while True:
         body = _quiet_get(handle, f"/api/v1/rollouts/{rollout_id}/")
         if body is not None:
+            if body["state"] != "starting":
+                load.full()
             if during is not None:
                 during(body)
             if body["state"] in ("succeeded", "rolled_back"):
@@ -186,6 +206,7 @@ def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
     green = _draft(borrowed, variants={"prefill": "tiny/f32-untied", "decode": "tiny/f32-untied"},
                    gate={"mode": "off"}, note="the untied model")
     start = len(load.answers)
+    load.paced()
     rollout = _rollout(borrowed, green, "canary", **CANARY)
     killed: list[float] = []
 
@@ -201,7 +222,7 @@ def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
         peak[0] = max(peak[0], _memory())
 
     before = peak[0]
-    canary = _finish(borrowed, rollout["id"], "succeeded", during=during)
+    canary = _finish(borrowed, rollout["id"], "succeeded", load, during=during)
     assert killed, "the canary never held green at 30%"
     served = _check(load.since(start), texts)
     assert served[str(first)] and served[str(green)], served
@@ -218,10 +239,11 @@ def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
 
     # 2. One click: back to the previous revision, blue-green.
     start = len(load.answers)
+    load.paced()
     back = borrowed.call("POST", f"/api/v1/deployments/{borrowed.deployment_id}/rollback/")
     assert back.status_code == 201, back.text
     assert (back.json()["to_revision"], back.json()["strategy"]) == (first, "blue_green")
-    _finish(borrowed, back.json()["id"], "succeeded")
+    _finish(borrowed, back.json()["id"], "succeeded", load)
     served = _check(load.since(start), texts)
     assert served[str(first)], served
     print(f"rollback (blue-green) r{green} -> r{first}: {served}")
