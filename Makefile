@@ -12,15 +12,16 @@ ENGINE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 up: install model migrate
 	$(PY) manage.py up
 
-# The console's suite runs a second time on PostgreSQL (127.0.0.1:5432, trust auth), the
-# database DATABASE_URL switches to; the embedded default is SQLite.
+# The console's suite runs on SQLite, the embedded default, and on PostgreSQL (127.0.0.1:5432,
+# trust auth), the database DATABASE_URL switches to, both at once (scripts/test-console.sh);
+# then every other suite.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/pdserve
 
 test: install model browser promtool
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
-	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest tests/console -q -p no:cacheprovider
-	$(PY) -m pytest
+	PY=$(PY) scripts/test-console.sh $(TEST_DATABASE_URL)
+	$(PY) -m pytest --ignore=tests/console
 
 install: $(VENV)/.installed-$(ENGINE) .venv-quant/.installed
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The console's suite on both databases at once, one pytest process each: SQLite, the embedded
+# default, and PostgreSQL, the database DATABASE_URL switches to. One after the other they were
+# 13 of make test's minutes on a slow machine; both are CPU-bound in one process, and the
+# machine has two cores. Each run has a data directory of its own (Celery's file-system broker,
+# logs, the secret key); the websocket tests on Redis use a channel prefix of their own.
+#
+#   scripts/test-console.sh POSTGRES_URL [pytest arguments...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+postgres_url=${1:?usage: scripts/test-console.sh POSTGRES_URL [pytest arguments...]}
+shift
+sqlite_log=$(mktemp)
+trap 'rm -f "$sqlite_log"' EXIT
+
+env -u DATABASE_URL PDSERVE_DATA_DIR="$PWD/data/test-console-sqlite" \
+  "$PY" -m pytest tests/console -q -p no:cacheprovider "$@" >"$sqlite_log" 2>&1 &
+sqlite_pid=$!
+echo "== tests/console on PostgreSQL ($postgres_url); on SQLite beside it (pid $sqlite_pid)"
+DATABASE_URL=$postgres_url PDSERVE_DATA_DIR="$PWD/data/test-console-postgres" \
+  "$PY" -m pytest tests/console -q -p no:cacheprovider "$@"
+postgres_status=$?
+wait "$sqlite_pid"
+sqlite_status=$?
+echo "== tests/console on SQLite"
+cat "$sqlite_log"
+echo "== tests/console: PostgreSQL exit $postgres_status, SQLite exit $sqlite_status"
+[ "$postgres_status" -eq 0 ] && [ "$sqlite_status" -eq 0 ]
