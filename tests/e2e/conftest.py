@@ -23,7 +23,8 @@ from inference.launch import WorkerSpec, build_command
 from tests import early_teardown
 from tests.console.sockets import free_port
 from tests.console_api import ConsoleApi
-from tests.tiny_llama import TEST_CACHE_DIR
+from tests.e2e.tiny_pd import TinyPD
+from tests.tiny_llama import TEST_CACHE_DIR, shared_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(os.environ.get(
@@ -79,9 +80,10 @@ def _wait_http(url: str, timeout_s: float,
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The borrowed deployment's tests, then the stack's, then the files that start their own
-    # servers: each set of servers is closed after its last user (tests/early_teardown.py).
-    early_teardown.order_by_set(items, "e2e", ["borrowed", "stack"])
+    # The borrowed deployment's tests, then the stack's, then the tiny workers' (the tool
+    # tests before the failover tests, which kill workers for good), then the files that start
+    # their own servers: each set is closed after its last user (tests/early_teardown.py).
+    early_teardown.order_by_set(items, "e2e", ["borrowed", "stack", "tools", "tiny_pd"])
 
 
 def _manage(env: dict[str, str], *args: str) -> None:
@@ -166,3 +168,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
         yield stack
     finally:
         close()
+
+
+@pytest.fixture(scope="session")
+def tiny_pd(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyPD]:
+    """Two tiny prefill workers and a decode (tests/e2e/tiny_pd.py), for the tool-call and the
+    failover tests."""
+    workers = TinyPD(model=shared_tiny_llama(model_dir), logs=tmp_path_factory.mktemp("tiny-pd"),
+                     kv_dir=Path("/dev/shm") / f"pdserve-tiny-pd-{os.getpid()}")
+    early_teardown.register("tiny_pd", workers.close)
+    try:
+        workers.start_workers()
+        for name, process in workers.workers.items():
+            _wait_http(f"{workers.url(name)}/health", START_TIMEOUT_S, process)
+        yield workers
+    finally:
+        workers.close()

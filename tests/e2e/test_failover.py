@@ -1,9 +1,10 @@
 """Failover against real vLLM workers that are killed, frozen or abandoned under load.
 
 A tiny random-weight Llama keeps the three workers (two prefill, one decode, shared-storage
-KV) cheap; the text is noise, and these tests are about processes, not text. Two routers in
-front of the same workers: one with a generous timeout, one with a 4 s timeout. Tests run in
-file order and the last ones kill workers for good.
+KV: tests/e2e/tiny_pd.py, shared with the tool-call tests, which run first) cheap; the text is
+noise, and these tests are about processes, not text. Two routers in front of the same workers:
+one with a generous timeout, one with a 4 s timeout. Tests run in file order and the last ones
+kill workers for good.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from inference.launch import WorkerSpec, build_command
 from tests.console.sockets import free_port
 from tests.e2e.conftest import START_TIMEOUT_S, _wait_http
 from tests.e2e.stale_prefill import StaleHandoffPrefill
+from tests.e2e.tiny_pd import TinyPD
 from tests.tiny_llama import TEST_CACHE_DIR, shared_tiny_llama
 
 pytestmark = pytest.mark.vllm
@@ -41,73 +42,37 @@ PROMPT = "The ledger of the river towns lists " + " ".join(
 class Failover:
     router: str
     short_router: str
-    logs: Path
-    # Ports from the kernel, never fixed ones: another process holding a fixed port (a
-    # benchmark, say) would answer this test's requests in its workers' place.
-    ports: dict[str, int] = field(default_factory=lambda: {
-        name: free_port() for name in ("prefill-a", "prefill-b", "decode")})
-    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    workers: TinyPD
+
+    @property
+    def logs(self) -> Path:
+        return self.workers.logs
 
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.ports[name]}"
+        return self.workers.url(name)
 
     def signal(self, name: str, sig: signal.Signals) -> None:
-        os.killpg(self.workers[name].pid, sig)
+        self.workers.signal(name, sig)
 
 
 @pytest.fixture(scope="module")
-def failover(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Failover]:
-    root = tmp_path_factory.mktemp("failover")
-    model = shared_tiny_llama(model_dir)
-    kv_dir = Path("/dev/shm") / f"pdserve-failover-{os.getpid()}"
-    processes: list[subprocess.Popen[bytes]] = []
-    handles = []
-
-    def spawn(name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        handle = open(root / f"{name}.log", "wb")  # noqa: SIM115 - closed in teardown
-        handles.append(handle)
-        process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=handle,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-        processes.append(process)
-        return process
-
+def failover(tiny_pd: TinyPD) -> Failover:
+    """Two routers in front of the session's tiny workers; they go with the workers."""
     router_port, short_router_port = free_port(), free_port()
     stack = Failover(router=f"http://127.0.0.1:{router_port}",
-                     short_router=f"http://127.0.0.1:{short_router_port}", logs=root)
-    for name, role, core in (("prefill-a", "prefill", 0), ("prefill-b", "prefill", 1),
-                             ("decode", "decode", 1)):
-        port = stack.ports[name]
-        argv, env = build_command(WorkerSpec(
-            role=role, model_path=str(model), served_model_name="tiny", port=port,
-            max_model_len=2048, kv_channel="shared-storage", kv_storage_path=str(kv_dir),
-            cpu_cores=(core,), dtype="float32", cache_dir=str(TEST_CACHE_DIR), enforce_eager=True,
-        ))
-        stack.workers[name] = spawn(name, argv, env)
+                     short_router=f"http://127.0.0.1:{short_router_port}", workers=tiny_pd)
     for port, timeout in ((router_port, 60.0), (short_router_port, SHORT_TIMEOUT_S)):
-        spawn(f"router-{port}", [
+        tiny_pd.spawn(f"router-{port}", [
             sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
-            "--tokenizer", str(model), "--max-model-len", "2048", "--port", str(port),
+            "--tokenizer", str(tiny_pd.model), "--max-model-len", "2048", "--port", str(port),
             "--prefill", stack.url("prefill-a"), "--prefill", stack.url("prefill-b"),
             "--decode", stack.url("decode"), "--request-timeout", str(timeout),
             # Every prompt through prefill, so that prefill failures are exercised.
             "--pd-policy", "remote", "--local-prefill-max-tokens", "0",
         ], {})
-    try:
-        for name in stack.workers:
-            _wait_http(f"{stack.url(name)}/health", START_TIMEOUT_S, stack.workers[name])
-        for router in (stack.router, stack.short_router):
-            wait_healthy(router)
-        yield stack
-    finally:
-        for process in processes:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
-        for handle in handles:
-            handle.close()
-        subprocess.run(["rm", "-rf", str(kv_dir)], check=False)
+    for router in (stack.router, stack.short_router):
+        wait_healthy(router)
+    return stack
 
 
 def wait_healthy(router: str, timeout_s: float = 30) -> None:

@@ -1,21 +1,18 @@
 """Tool calls served through PD: one prefill and one decode worker started with the plan's tool
-options (hermes parser, auto tool choice, a chat template of the plan's own) and a router in
-front with the same template.
+options (hermes parser, auto tool choice, a chat template of the plan's own: tests/e2e/tiny_pd.py)
+and a router in front with the same template.
 
 The tiny random-weight Llama's text is noise, so what is asserted about calls comes from the
 requests vLLM answers under a grammar whatever the weights: tool_choice "required" and a named
 tool. "auto" is only asserted to be accepted, and refused by a worker started without
---enable-auto-tool-choice (a third, plain server), which refuses forced calls too.
+--enable-auto-tool-choice (the other prefill worker, asked directly), which refuses forced calls
+too.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,15 +20,12 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.launch import WorkerSpec, build_command
 from tests.console.sockets import free_port
-from tests.e2e.conftest import START_TIMEOUT_S, _wait_http
 from tests.e2e.test_failover import metric, wait_healthy
-from tests.tiny_llama import TEST_CACHE_DIR, shared_tiny_llama
+from tests.e2e.tiny_pd import TEMPLATE, TinyPD
 
 pytestmark = pytest.mark.vllm
 
-TEMPLATE = Path(__file__).with_name("hermes_tools.jinja")
 CITIES = ["Paris", "Rome", "Oslo"]
 # "strict": vLLM's grammar then holds the arguments to the schema too, not only the call's
 # envelope; with the cities an enum, random weights cannot ramble inside them.
@@ -68,61 +62,22 @@ def no_whitespace_tokens(model: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def tools(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolStack]:
-    root = tmp_path_factory.mktemp("tool-calls")
-    model = shared_tiny_llama(model_dir)
-    kv_dir = Path("/dev/shm") / f"pdserve-tools-{os.getpid()}"
-    ports = {name: free_port() for name in ("prefill", "decode", "plain", "router")}
-    processes: list[subprocess.Popen[bytes]] = []
-    handles = []
-
-    def spawn(name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        handle = open(root / f"{name}.log", "wb")  # noqa: SIM115 - closed in teardown
-        handles.append(handle)
-        process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=handle,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-        processes.append(process)
-        return process
-
-    workers = {}
-    for name, role, core, channel in (("prefill", "prefill", 0, "shared-storage"),
-                                      ("decode", "decode", 1, "shared-storage"),
-                                      ("plain", "colocated", 1, None)):
-        # What console/control/worker_specs.py gives every worker of a plan with tool options;
-        # the plain server has the parser but not auto tool choice.
-        argv, env = build_command(WorkerSpec(
-            role=role, model_path=str(model), served_model_name="tiny", port=ports[name],
-            max_model_len=2048, kv_channel=channel, kv_storage_path=str(kv_dir),
-            cpu_cores=(core,), dtype="float32", cache_dir=str(TEST_CACHE_DIR),
-            tool_call_parser="hermes", enable_auto_tool_choice=name != "plain",
-            chat_template_path=str(TEMPLATE),
-            enforce_eager=True,
-        ))
-        workers[name] = spawn(name, argv, env)
-    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    spawn("router", [
+def tools(tiny_pd: TinyPD) -> ToolStack:
+    """A router with the plan's template in front of the session's tiny prefill-a and decode
+    (prefill-b, without auto tool choice, is the plain worker); it goes with the workers."""
+    port = free_port()
+    tiny_pd.spawn("router-tools", [
         sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
-        "--tokenizer", str(model), "--max-model-len", "2048", "--port", str(ports["router"]),
-        "--prefill", url["prefill"], "--decode", url["decode"], "--chat-template", str(TEMPLATE),
+        "--tokenizer", str(tiny_pd.model), "--max-model-len", "2048", "--port", str(port),
+        "--prefill", tiny_pd.url("prefill-a"), "--decode", tiny_pd.url("decode"),
+        "--chat-template", str(TEMPLATE),
         # Every prompt through prefill: the hand-off is what is under test.
         "--pd-policy", "remote", "--local-prefill-max-tokens", "0",
     ], {})
-    try:
-        for name, process in workers.items():
-            _wait_http(f"{url[name]}/health", START_TIMEOUT_S, process)
-        wait_healthy(url["router"])
-        yield ToolStack(router=url["router"], plain=url["plain"], logs=root,
-                        forced=no_whitespace_tokens(model))
-    finally:
-        for process in processes:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
-        for handle in handles:
-            handle.close()
-        subprocess.run(["rm", "-rf", str(kv_dir)], check=False)
+    router = f"http://127.0.0.1:{port}"
+    wait_healthy(router)
+    return ToolStack(router=router, plain=tiny_pd.url("prefill-b"), logs=tiny_pd.logs,
+                     forced=no_whitespace_tokens(tiny_pd.model))
 
 
 def chat(base: str, **body: Any) -> httpx.Response:
