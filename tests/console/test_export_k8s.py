@@ -308,7 +308,12 @@ def test_a_two_node_gpu_plan_gets_gpu_pods_and_spans_nodes_as_leader_worker_sets
     assert group["size"] == 2
     [leader] = group["leaderTemplate"]["spec"]["containers"]
     [follower] = group["workerTemplate"]["spec"]["containers"]
-    assert leader["args"] == [*pod_worker_argv(supervisor["prefill-0"]),
+    # The supervisor runs prefill's four GPUs as one tensor-parallel group; a group of two pods
+    # runs them as two pipeline stages of two GPUs each, on Ray.
+    supervisor_argv = pod_worker_argv(supervisor["prefill-0"])
+    assert supervisor_argv[-4:] == ["--tensor-parallel-size", "4",
+                                    "--distributed-executor-backend", "mp"]
+    assert leader["args"] == [*supervisor_argv[:-4],
                               "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
                               "--distributed-executor-backend", "ray"]
     assert leader["command"][:2] == ["sh", "-c"] and "ray start --head" in leader["command"][2]
