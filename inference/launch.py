@@ -6,6 +6,9 @@ The supervisor builds a :class:`WorkerSpec` from the database and runs
     python -m inference.launch --role prefill --model data/models/smollm2-135m-instruct \
         --served-model-name smollm2 --port 8100 --cores 0 --kv-channel shared-storage \
         --kv-storage-path /dev/shm/pdserve-kv/demo --dry-run
+
+The command is built on the machine the worker runs on: a NIXL worker's UCX devices are the
+ones that hold its address there (inference/net_devices.py).
 """
 
 from __future__ import annotations
@@ -214,7 +217,8 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
             enforce_handshake_compat=spec.enforce_handshake_compat,
         )
         endpoint = ChannelEndpoint(
-            role=spec.role, host=spec.host, side_channel_port=spec.side_channel_port  # type: ignore[arg-type]
+            role=spec.role, host=spec.host, side_channel_port=spec.side_channel_port,  # type: ignore[arg-type]
+            device="cuda" if spec.gpu_indices else "cpu",
         )
         config = channel.transfer_config(endpoint)
         if spec.role == "decode":
@@ -243,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--role", choices=["prefill", "decode", "colocated"], default="colocated")
     parser.add_argument("--model", help="absolute path of the model directory")
     parser.add_argument("--served-model-name", default="model")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address the worker binds and advertises (NIXL's side channel "
+                             "too): this machine's address on the network its peers share")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-channel", choices=list(CHANNEL_NAMES))
@@ -280,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_channel=args.kv_channel,
             kv_storage_path=args.kv_storage_path,
             side_channel_port=args.side_channel_port,
+            host=args.host,
             cpu_cores=args.cores,
             gpu_indices=args.gpus,
             kv_cache_gib=args.kv_cache_gib,

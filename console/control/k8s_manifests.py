@@ -16,7 +16,8 @@ replaced by a pod's own:
   set from the ``<name>-router`` Secret;
 - devices: a GPU pod sees its own GPUs numbered from 0 (the device plugin's), and a CPU pod the
   cores the kubelet gives it, which vLLM's default thread binding (``auto``) follows;
-- NIXL's UCX transport goes over the pod network instead of the loopback device.
+- NIXL's UCX transport: no ``UCX_NET_DEVICES``, so UCX picks among the pod's devices, since
+  the interface that holds the pod's address is known only in the pod.
 
 The objects: per role a Deployment (replicas: the plan's instances) and a Service; the router's
 Deployment and Service; a ConfigMap with the plan's chat template, when it has one; a
@@ -159,10 +160,7 @@ def worker_process(deployment: Deployment, layout: RoleLayout,
         pipeline_parallel_size=layout.group_size,
         cpu_cores=(),
     )
-    argv, env = build_command(spec, python=POD_PYTHON)
-    if "UCX_NET_DEVICES" in env:
-        env["UCX_NET_DEVICES"] = "all"
-    return argv, env
+    return build_command(spec, python=POD_PYTHON)
 
 
 def _worker_resources(layout: RoleLayout) -> dict[str, Any]:

@@ -132,7 +132,8 @@ def pod_worker_env(spec: ProcessSpec, gpus: int) -> dict[str, str]:
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     if "VLLM_NIXL_SIDE_CHANNEL_HOST" in env:
-        env.update(VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP, UCX_NET_DEVICES="all")
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = POD_IP
+        env.pop("UCX_NET_DEVICES", None)  # the pod's devices: UCX's choice among them
     return env
 
 
