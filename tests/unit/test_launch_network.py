@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 from unittest import mock
 
 import psutil
@@ -22,28 +21,9 @@ import pytest
 
 from inference import net_devices
 from inference.launch import WorkerSpec, build_command
+from tests.node_interfaces import NODE_A_INTERFACES
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class Address(NamedTuple):
-    """The fields of psutil's snicaddr."""
-
-    family: int
-    address: str
-    netmask: str | None = None
-    broadcast: str | None = None
-    ptp: str | None = None
-
-
-# Node A as it would see itself: loopback, its address on ens5, a docker bridge (the same
-# subnet on every machine), and an IPv6 link-local address with its scope.
-NODE_A_INTERFACES = {
-    "lo": [Address(socket.AF_INET, "127.0.0.1"), Address(socket.AF_INET6, "::1")],
-    "ens5": [Address(socket.AF_INET, "10.0.0.1"), Address(socket.AF_INET6, "fe80::a%ens5"),
-             Address(psutil.AF_LINK, "02:00:00:00:00:0a")],
-    "docker0": [Address(socket.AF_INET, "172.17.0.1")],
-}
 
 
 @pytest.fixture
