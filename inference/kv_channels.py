@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from inference.net_devices import ucx_net_devices
+
 Role = Literal["prefill", "decode", "colocated"]
+Device = Literal["cpu", "cuda"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class ChannelEndpoint:
     role: Role
     host: str = "127.0.0.1"
     side_channel_port: int | None = None
+    device: Device = "cpu"  # where the worker keeps its KV cache
 
 
 class KVChannel:
@@ -42,12 +46,21 @@ class KVChannel:
         """Called once before the deployment's workers start."""
 
 
+# The UCX transports NIXL may use. On a CPU: TCP and shared memory, as measured here. On CUDA
+# also GPU memory itself: cuda_ipc between the GPUs of one machine, rc (InfiniBand, RoCE) between
+# machines; TCP stays the fallback. UCX warns about a listed transport a machine lacks and uses
+# the others.
+UCX_TRANSPORTS: dict[Device, str] = {"cpu": "tcp,self,sm",
+                                     "cuda": "cuda_copy,cuda_ipc,rc,tcp,self,sm"}
+
+
 @dataclass(frozen=True)
 class NixlChannel(KVChannel):
-    """vLLM's NixlConnector over UCX/TCP on loopback.
+    """vLLM's NixlConnector over UCX, on the worker's address.
 
     The decode side pulls KV blocks from the prefill side; each worker needs its own
-    side-channel port for the NIXL metadata handshake.
+    side-channel port for the NIXL metadata handshake, on the address it advertises (prefill's
+    is handed to decode with the KV's description).
     """
 
     name: ClassVar[str] = "nixl"
@@ -60,7 +73,9 @@ class NixlChannel(KVChannel):
         config: dict[str, object] = {
             "kv_connector": "NixlConnector",
             "kv_role": "kv_producer" if endpoint.role == "prefill" else "kv_consumer",
-            "kv_buffer_device": "cpu",
+            # On CUDA, NIXL registers the KV cache in GPU memory and moves it from there; "cpu"
+            # would copy every block to host memory first.
+            "kv_buffer_device": endpoint.device,
         }
         if not self.enforce_handshake_compat:
             config["kv_connector_extra_config"] = {"enforce_handshake_compat": False}
@@ -69,12 +84,15 @@ class NixlChannel(KVChannel):
     def environment(self, endpoint: ChannelEndpoint) -> dict[str, str]:
         if endpoint.side_channel_port is None:
             raise ValueError(f"nixl channel: {endpoint.role} worker needs a side-channel port")
-        return {
-            "UCX_TLS": "tcp,self,sm",
-            "UCX_NET_DEVICES": "lo",
+        env = {
+            "UCX_TLS": UCX_TRANSPORTS[endpoint.device],
             "VLLM_NIXL_SIDE_CHANNEL_HOST": endpoint.host,
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(endpoint.side_channel_port),
         }
+        devices = ucx_net_devices(endpoint.host, rdma=endpoint.device == "cuda")
+        if devices is not None:
+            env["UCX_NET_DEVICES"] = devices
+        return env
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ The supervisor builds a :class:`WorkerSpec` from the database and runs
     python -m inference.launch --role prefill --model data/models/smollm2-135m-instruct \
         --served-model-name smollm2 --port 8100 --cores 0 --kv-channel shared-storage \
         --kv-storage-path /dev/shm/pdserve-kv/demo --dry-run
+
+The command is built on the machine the worker runs on: a NIXL worker's UCX devices are the
+ones that hold its address there (inference/net_devices.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import shlex
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +30,10 @@ KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
 # its own version. The launcher module is what `vllm serve` runs, minus that lookup (it
 # takes the model as `--model`, not as a positional argument).
 VLLM_SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+# vLLM's parallelism flags (with their short forms): derived from the spec's GPUs by
+# parallel_args, so extra arguments may not set them a second time.
+PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
+                  "--distributed-executor-backend")
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,11 @@ class WorkerSpec:
     side_channel_port: int | None = None
     host: str = "127.0.0.1"
     cpu_cores: tuple[int, ...] = ()
+    # The worker's GPUs on its machine, one tensor-parallel group (see parallel_args).
     gpu_indices: tuple[int, ...] = ()
+    # Pipeline stages on as many machines, each with gpu_indices' count of GPUs: only the
+    # Kubernetes export's multi-node instances use more than one.
+    pipeline_parallel_size: int = 1
     kv_cache_gib: int = 1
     block_size: int | None = None
     kv_cache_dtype: str = "auto"
@@ -105,6 +117,42 @@ def validate(spec: WorkerSpec) -> None:
         raise LaunchError("enable_auto_tool_choice: needs a tool_call_parser")
     if spec.chat_template_path is not None and not Path(spec.chat_template_path).is_absolute():
         raise LaunchError(f"chat_template_path: must be absolute, got {spec.chat_template_path!r}")
+    _validate_parallelism(spec)
+
+
+def _validate_parallelism(spec: WorkerSpec) -> None:
+    repeated = sorted(i for i, count in Counter(spec.gpu_indices).items() if count > 1)
+    if repeated:
+        raise LaunchError(f"gpu_indices: GPU {repeated[0]} is listed twice")
+    if any(i < 0 for i in spec.gpu_indices):
+        raise LaunchError(f"gpu_indices: indices are 0 or more, got {list(spec.gpu_indices)}")
+    if spec.pipeline_parallel_size < 1:
+        raise LaunchError(f"pipeline_parallel_size: must be at least 1, got "
+                          f"{spec.pipeline_parallel_size}")
+    if spec.pipeline_parallel_size > 1 and not spec.gpu_indices:
+        raise LaunchError("pipeline_parallel_size: pipeline stages need gpu_indices")
+    given = [a.split("=", 1)[0] for a in spec.extra_args if a.split("=", 1)[0] in PARALLEL_FLAGS]
+    if given:
+        raise LaunchError(f"extra_args: {given[0]} is derived from gpu_indices; "
+                          "give the worker its GPUs instead")
+
+
+def parallel_args(spec: WorkerSpec) -> list[str]:
+    """vLLM's parallelism flags: a GPU worker shards every layer over its GPUs (tensor
+    parallel, one process per GPU), and over ``pipeline_parallel_size`` machines when it spans
+    several. A CPU worker gets none: it runs in one process, its threads on its cores."""
+    if not spec.gpu_indices:
+        return []
+    argv = ["--tensor-parallel-size", str(len(spec.gpu_indices))]
+    if spec.pipeline_parallel_size > 1:
+        # Only Ray's executor starts a model's processes on other machines.
+        argv += ["--pipeline-parallel-size", str(spec.pipeline_parallel_size),
+                 "--distributed-executor-backend", "ray"]
+    elif len(spec.gpu_indices) > 1:
+        # One process per GPU of CUDA_VISIBLE_DEVICES. vLLM's default here too, except inside
+        # a Ray placement group, where it would take Ray's executor and Ray's GPU placement.
+        argv += ["--distributed-executor-backend", "mp"]
+    return argv
 
 
 def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
@@ -169,7 +217,8 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
             enforce_handshake_compat=spec.enforce_handshake_compat,
         )
         endpoint = ChannelEndpoint(
-            role=spec.role, host=spec.host, side_channel_port=spec.side_channel_port  # type: ignore[arg-type]
+            role=spec.role, host=spec.host, side_channel_port=spec.side_channel_port,  # type: ignore[arg-type]
+            device="cuda" if spec.gpu_indices else "cpu",
         )
         config = channel.transfer_config(endpoint)
         if spec.role == "decode":
@@ -177,6 +226,7 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
         argv += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
         argv += channel.extra_engine_args(endpoint, spec.max_model_len)
         env.update(channel.environment(endpoint))
+    argv += parallel_args(spec)
     argv += list(spec.extra_args)
     return argv, env
 
@@ -197,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--role", choices=["prefill", "decode", "colocated"], default="colocated")
     parser.add_argument("--model", help="absolute path of the model directory")
     parser.add_argument("--served-model-name", default="model")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address the worker binds and advertises (NIXL's side channel "
+                             "too): this machine's address on the network its peers share")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--kv-channel", choices=list(CHANNEL_NAMES))
@@ -234,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_channel=args.kv_channel,
             kv_storage_path=args.kv_storage_path,
             side_channel_port=args.side_channel_port,
+            host=args.host,
             cpu_cores=args.cores,
             gpu_indices=args.gpus,
             kv_cache_gib=args.kv_cache_gib,

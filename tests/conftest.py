@@ -5,6 +5,7 @@ the session's borrowable tiny-model deployment (tests/borrowed.py), closed after
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -37,6 +38,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "borrowed" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.vllm)
+    needs_gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if needs_gpu:
+        reason = no_gpu_reason()
+        if reason:
+            for item in needs_gpu:
+                item.add_marker(pytest.mark.skip(reason=f"marker gpu: {reason}"))
+
+
+def no_gpu_reason() -> str:
+    """Why this machine cannot run the ``gpu`` tests, or "" when nvidia-smi lists a GPU (the
+    Makefile's choice of ENGINE asks the same)."""
+    try:
+        result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return "no nvidia-smi on this machine (no NVIDIA driver)"
+    except subprocess.TimeoutExpired:
+        return "nvidia-smi -L did not answer within 30 s"
+    if result.returncode != 0:
+        said = (result.stderr or result.stdout).strip().splitlines()
+        return f"nvidia-smi -L failed with exit code {result.returncode}: {said[0] if said else ''}"
+    if not any(line.startswith("GPU ") for line in result.stdout.splitlines()):
+        return "nvidia-smi -L lists no GPU"
+    return ""
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -66,6 +66,7 @@ class ModelInspection:
     architecture: str
     dtype: str
     quantization: str  # "" when unquantized
+    num_attention_heads: int
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -94,6 +95,7 @@ def inspect_model_dir(path: str) -> ModelInspection:
         architecture=architecture,
         dtype=dtype,
         quantization=quantization,
+        num_attention_heads=_positive_int(config, "num_attention_heads"),
         num_layers=_positive_int(config, "num_hidden_layers"),
         num_kv_heads=_positive_int(config, "num_key_value_heads",
                                    default=_positive_int(config, "num_attention_heads")),

@@ -50,7 +50,9 @@ class Variant(models.Model):
     parameter_count = models.BigIntegerField(null=True, blank=True)
     size_bytes = models.BigIntegerField(default=0, help_text="all files of the directory")
 
-    # KV geometry, from config.json
+    # Attention and KV geometry, from config.json. vLLM splits the heads over a worker's GPUs
+    # (tensor parallel), so they bound the GPU counts a worker may have.
+    num_attention_heads = models.PositiveIntegerField(null=True, blank=True)
     num_layers = models.PositiveIntegerField(null=True, blank=True)
     num_kv_heads = models.PositiveIntegerField(null=True, blank=True)
     head_dim = models.PositiveIntegerField(null=True, blank=True)

@@ -16,19 +16,21 @@ replaced by a pod's own:
   set from the ``<name>-router`` Secret;
 - devices: a GPU pod sees its own GPUs numbered from 0 (the device plugin's), and a CPU pod the
   cores the kubelet gives it, which vLLM's default thread binding (``auto``) follows;
-- NIXL's UCX transport goes over the pod network instead of the loopback device.
+- NIXL's UCX transport: no ``UCX_NET_DEVICES``, so UCX picks among the pod's devices, since
+  the interface that holds the pod's address is known only in the pod.
 
 The objects: per role a Deployment (replicas: the plan's instances) and a Service; the router's
 Deployment and Service; a ConfigMap with the plan's chat template, when it has one; a
 PrometheusRule with the deployment's alert rules (console/alerts/prometheus_rules.py).
 
+An instance's GPUs are one tensor-parallel group, under the supervisor as in a pod
+(inference.launch.parallel_args: ``--tensor-parallel-size`` is the count of the instance's GPUs).
 An instance that needs more GPUs than one Kubernetes node has (``gpus_per_node``; by default the
 plan's own nodes, on which every instance fits, as the device checks hold) spans several pods:
 its role becomes a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1) whose groups are
 ``GPUs / gpus_per_node`` pods, laid out as vLLM lays out a model larger than a node: tensor
 parallel within a pod, pipeline parallel over the group's pods, on a Ray cluster the group forms.
-The plan has no tensor-parallel field, and the supervisor passes no parallelism flag, so these
-flags are the only ones a container adds to the supervisor's.
+The same function writes those flags, from the pod's GPUs and the group's size.
 
 No headless Service: decode reaches a prefill pod's NIXL side channel at the address prefill
 hands over with the KV (its pod IP), not by name. The router is given one URL per role, the
@@ -57,7 +59,6 @@ from console.control.k8s_objects import (
     KV_DIR,
     MODELS_CLAIM,
     MODELS_DIR,
-    PARALLEL_FLAGS,
     POD_IP,
     POD_PYTHON,
     RAY_PORT,
@@ -156,20 +157,10 @@ def worker_process(deployment: Deployment, layout: RoleLayout,
         kv_storage_path=str(KV_DIR),
         cache_dir=str(CACHE_DIR),
         gpu_indices=tuple(range(layout.gpus_per_pod)),
+        pipeline_parallel_size=layout.group_size,
         cpu_cores=(),
     )
-    argv, env = build_command(spec, python=POD_PYTHON)
-    if "UCX_NET_DEVICES" in env:
-        env["UCX_NET_DEVICES"] = "all"
-    if layout.group_size > 1:
-        given = [flag for flag in PARALLEL_FLAGS if any(a.split("=", 1)[0] == flag for a in argv)]
-        if given:
-            raise ExportError(f"--gpus-per-node: the plan's extra engine flags set {given[0]}, "
-                              "which a multi-node instance needs to set itself")
-        argv += ["--tensor-parallel-size", str(layout.gpus_per_pod),
-                 "--pipeline-parallel-size", str(layout.group_size),
-                 "--distributed-executor-backend", "ray"]
-    return argv, env
+    return build_command(spec, python=POD_PYTHON)
 
 
 def _worker_resources(layout: RoleLayout) -> dict[str, Any]:

@@ -37,8 +37,6 @@ LWS_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 # this module puts after a deployment's name.
 NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 LONGEST_SUFFIX = len("-chat-template")
-PARALLEL_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size",
-                  "--distributed-executor-backend")
 
 
 class ExportError(ValueError):

@@ -10,6 +10,7 @@ from console.accounts.roles import default_team_id
 from console.fleet.services import local_node_id
 from console.validators import validate_core_list, validate_port
 from inference.kv_channels import CHANNEL_NAMES
+from inference.launch import PARALLEL_FLAGS
 
 MAX_CONTEXT = 1_048_576
 # Words the console's own URLs use after /deployments/.
@@ -47,7 +48,7 @@ OWNED_ENGINE_FLAGS = frozenset({
     "--model", "--served-model-name", "--host", "--port", "--max-model-len", "--dtype",
     "--kv-cache-dtype", "--block-size", "--kv-transfer-config", "--override-generation-config",
     "--tool-call-parser", "--enable-auto-tool-choice", "--chat-template", "--reasoning-parser",
-    "--enforce-eager", "--tensor-parallel-size", "--disable-access-log-for-endpoints",
+    "--enforce-eager", "--disable-access-log-for-endpoints",
 })
 
 
@@ -59,6 +60,9 @@ def validate_engine_args(value: object) -> None:
         raise ValidationError(f"the first argument must be a flag (--name), got {value[0]!r}")
     for argument in value:
         flag = argument.split("=", 1)[0]
+        if flag in PARALLEL_FLAGS:
+            raise ValidationError(f"{flag} follows from each instance's GPUs (tensor parallel "
+                                  "over them); give the instances GPUs instead")
         if flag in OWNED_ENGINE_FLAGS:
             raise ValidationError(f"{flag} is set from the plan's own fields; change those instead")
 

@@ -57,8 +57,8 @@ def test_inspection_reads_the_real_default_model_layout(tmp_path: Path) -> None:
         "num_hidden_layers": 30, "num_key_value_heads": 3, "num_attention_heads": 9,
         "hidden_size": 576, "head_dim": 64, "max_position_embeddings": 8192,
         "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}})))
-    assert (found.num_layers, found.num_kv_heads, found.head_dim, found.max_positions) == (
-        30, 3, 64, 8192)
+    assert (found.num_layers, found.num_attention_heads, found.num_kv_heads, found.head_dim,
+            found.max_positions) == (30, 9, 3, 64, 8192)
 
 
 @pytest.mark.parametrize(("config", "expected"), [
@@ -189,7 +189,8 @@ def test_registering_over_the_api_fills_the_variant_in(api: APIClient, tiny: Bas
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["base_model"] == "tiny"
-    assert body["kv_geometry"] == {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16,
+    assert body["kv_geometry"] == {"num_layers": 2, "num_attention_heads": 4, "num_kv_heads": 2,
+                                   "head_dim": 16,
                                    "kv_dtype": "bfloat16", "kv_dtype_from_checkpoint": False,
                                    "max_positions": 4096}
     assert body["hash"]["state"] == "queued"

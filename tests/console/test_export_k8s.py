@@ -132,7 +132,8 @@ def pod_worker_env(spec: ProcessSpec, gpus: int) -> dict[str, str]:
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     if "VLLM_NIXL_SIDE_CHANNEL_HOST" in env:
-        env.update(VLLM_NIXL_SIDE_CHANNEL_HOST=POD_IP, UCX_NET_DEVICES="all")
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = POD_IP
+        env.pop("UCX_NET_DEVICES", None)  # the pod's devices: UCX's choice among them
     return env
 
 
@@ -308,7 +309,12 @@ def test_a_two_node_gpu_plan_gets_gpu_pods_and_spans_nodes_as_leader_worker_sets
     assert group["size"] == 2
     [leader] = group["leaderTemplate"]["spec"]["containers"]
     [follower] = group["workerTemplate"]["spec"]["containers"]
-    assert leader["args"] == [*pod_worker_argv(supervisor["prefill-0"]),
+    # The supervisor runs prefill's four GPUs as one tensor-parallel group; a group of two pods
+    # runs them as two pipeline stages of two GPUs each, on Ray.
+    supervisor_argv = pod_worker_argv(supervisor["prefill-0"])
+    assert supervisor_argv[-4:] == ["--tensor-parallel-size", "4",
+                                    "--distributed-executor-backend", "mp"]
+    assert leader["args"] == [*supervisor_argv[:-4],
                               "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
                               "--distributed-executor-backend", "ray"]
     assert leader["command"][:2] == ["sh", "-c"] and "ray start --head" in leader["command"][2]

@@ -238,6 +238,11 @@ def test_saving_a_running_plan_with_errors_is_refused_and_nothing_changes(
     ({"router": {"prefill_policy": "fastest"}}, "router"),
     ({"router": {"pd_policy": "always"}}, "router"),
     ({"router": {"stall_budget_ms": 0}}, "router"),
+    # Parallelism follows from each instance's GPUs, and the plan sets its own flags.
+    ({"extra_engine_args": ["--tensor-parallel-size", "2"]}, "extra_engine_args"),
+    ({"extra_engine_args": ["--max-num-seqs", "4", "-pp=2"]}, "extra_engine_args"),
+    ({"extra_engine_args": ["--distributed-executor-backend", "ray"]}, "extra_engine_args"),
+    ({"extra_engine_args": ["--port=9000"]}, "extra_engine_args"),
 ])
 def test_bad_input_is_400_on_its_field_and_nothing_is_saved(
     api: APIClient, variant: Variant, changes: dict[str, Any], field: str

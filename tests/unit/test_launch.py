@@ -128,6 +128,37 @@ def test_gpu_indices_select_devices_and_drop_cpu_settings() -> None:
     assert "VLLM_TARGET_DEVICE" not in env
 
 
+def test_a_worker_on_several_gpus_runs_tensor_parallel_over_them() -> None:
+    argv, env = build_command(spec(gpu_indices=(4, 5, 6, 7)))
+    assert value_of(argv, "--tensor-parallel-size") == "4"
+    # One process per GPU on this machine, never Ray's executor or placement.
+    assert value_of(argv, "--distributed-executor-backend") == "mp"
+    assert "--pipeline-parallel-size" not in argv
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+
+
+def test_a_single_gpu_worker_is_tensor_parallel_one_and_a_cpu_worker_has_no_flags() -> None:
+    argv, _env = build_command(spec(gpu_indices=(3,)))
+    assert value_of(argv, "--tensor-parallel-size") == "1"
+    assert "--distributed-executor-backend" not in argv
+    argv, _env = build_command(spec(cpu_cores=(0, 1)))
+    assert not {"--tensor-parallel-size", "--distributed-executor-backend"} & set(argv)
+
+
+def test_pipeline_stages_on_several_machines_run_on_ray() -> None:
+    argv, env = build_command(spec(gpu_indices=(0, 1), pipeline_parallel_size=2))
+    assert value_of(argv, "--tensor-parallel-size") == "2"
+    assert value_of(argv, "--pipeline-parallel-size") == "2"
+    assert value_of(argv, "--distributed-executor-backend") == "ray"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_the_parallel_flags_come_before_extra_args() -> None:
+    argv, _env = build_command(spec(gpu_indices=(0, 1), extra_args=("--max-num-seqs", "4")))
+    assert argv[-6:] == ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp",
+                         "--max-num-seqs", "4"]
+
+
 def test_workers_never_reach_a_model_hub() -> None:
     _argv, env = build_command(spec())
     assert env["HF_HUB_OFFLINE"] == "1"
@@ -159,6 +190,13 @@ def test_extra_args_come_last_so_they_can_override() -> None:
         ({"role": "colocated"}, "kv_channel"),
         ({"kv_channel": None}, "kv_channel"),
         ({"kv_load_failure": "retry"}, "kv_load_failure"),
+        ({"gpu_indices": (0, 1, 0)}, "gpu_indices"),
+        ({"gpu_indices": (-1,)}, "gpu_indices"),
+        ({"pipeline_parallel_size": 0}, "pipeline_parallel_size"),
+        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size"),
+        ({"gpu_indices": (0, 1), "extra_args": ("--tensor-parallel-size", "4")}, "extra_args"),
+        ({"extra_args": ("-tp=2",)}, "extra_args"),
+        ({"extra_args": ("--distributed-executor-backend", "ray")}, "extra_args"),
     ],
 )
 def test_invalid_specs_raise_launch_error_naming_the_field(overrides: dict[str, Any],

@@ -28,7 +28,8 @@ class VariantSerializer(serializers.ModelSerializer):
                   "generation_config", "inspected_at", "inspection_error", "hash"]
 
     def get_kv_geometry(self, variant: Variant) -> dict[str, Any]:
-        return {"num_layers": variant.num_layers, "num_kv_heads": variant.num_kv_heads,
+        return {"num_layers": variant.num_layers, "num_attention_heads": variant.num_attention_heads,
+                "num_kv_heads": variant.num_kv_heads,
                 "head_dim": variant.head_dim, "kv_dtype": variant.kv_dtype,
                 "kv_dtype_from_checkpoint": variant.kv_dtype_from_checkpoint,
                 "max_positions": variant.max_positions}
