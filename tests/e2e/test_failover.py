@@ -61,8 +61,9 @@ def failover(tiny_pd: TinyPD) -> Failover:
     router_port, short_router_port = free_port(), free_port()
     stack = Failover(router=f"http://127.0.0.1:{router_port}",
                      short_router=f"http://127.0.0.1:{short_router_port}", workers=tiny_pd)
+    routers = {}
     for port, timeout in ((router_port, 60.0), (short_router_port, SHORT_TIMEOUT_S)):
-        tiny_pd.spawn(f"router-{port}", [
+        routers[f"http://127.0.0.1:{port}"] = tiny_pd.spawn(f"router-{port}", [
             sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
             "--tokenizer", str(tiny_pd.model), "--max-model-len", "2048", "--port", str(port),
             "--prefill", stack.url("prefill-a"), "--prefill", stack.url("prefill-b"),
@@ -70,7 +71,8 @@ def failover(tiny_pd: TinyPD) -> Failover:
             # Every prompt through prefill, so that prefill failures are exercised.
             "--pd-policy", "remote", "--local-prefill-max-tokens", "0",
         ], {})
-    for router in (stack.router, stack.short_router):
+    for router, process in routers.items():
+        _wait_http(f"{router}/health", 60, process)
         wait_healthy(router)
     return stack
 

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.console.sockets import free_port
+from tests.e2e.conftest import _wait_http
 from tests.e2e.test_failover import metric, wait_healthy
 from tests.e2e.tiny_pd import TEMPLATE, TinyPD
 
@@ -66,7 +67,7 @@ def tools(tiny_pd: TinyPD) -> ToolStack:
     """A router with the plan's template in front of the session's tiny prefill-a and decode
     (prefill-b, without auto tool choice, is the plain worker); it goes with the workers."""
     port = free_port()
-    tiny_pd.spawn("router-tools", [
+    process = tiny_pd.spawn("router-tools", [
         sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
         "--tokenizer", str(tiny_pd.model), "--max-model-len", "2048", "--port", str(port),
         "--prefill", tiny_pd.url("prefill-a"), "--decode", tiny_pd.url("decode"),
@@ -75,6 +76,7 @@ def tools(tiny_pd: TinyPD) -> ToolStack:
         "--pd-policy", "remote", "--local-prefill-max-tokens", "0",
     ], {})
     router = f"http://127.0.0.1:{port}"
+    _wait_http(f"{router}/health", 60, process)
     wait_healthy(router)
     return ToolStack(router=router, plain=tiny_pd.url("prefill-b"), logs=tiny_pd.logs,
                      forced=no_whitespace_tokens(tiny_pd.model))
