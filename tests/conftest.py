@@ -22,7 +22,7 @@ os.environ["PDSERVE_CACHE_DIR"] = str(TEST_CACHE_DIR)
 os.environ["PDSERVE_ENFORCE_EAGER"] = "1"
 
 pytest_plugins = ["tests.suite_times"]
-early_teardown.register("borrowed", shutdown)
+early_teardown.register("borrowed", "tests", shutdown)
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ grouped (files keep their order within a group; a file whose tests use none come
 set is closed in the teardown of its last user.
 
 tests/conftest.py registers ``LastUsers`` as a plugin. A conftest registers a set with
-``register(fixture_name, close)``; ``close`` must be idempotent (the fixture's own teardown at
-the end of the session may call it again).
+``register(fixture_name, defined_in, close)``; ``close`` must be idempotent (the fixture's own
+teardown at the end of the session may call it again).
 """
 
 from __future__ import annotations
@@ -19,11 +19,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-_CLOSERS: dict[str, Callable[[], None]] = {}
+# (fixture name, the conftest directory that defines it) -> its close. Two fixtures may share a
+# name (the e2e stack and the quality suite's): the pair tells them apart.
+_CLOSERS: dict[tuple[str, str], Callable[[], None]] = {}
 
 
-def register(fixture_name: str, close: Callable[[], None]) -> None:
-    _CLOSERS[fixture_name] = close
+def register(fixture_name: str, defined_in: str, close: Callable[[], None]) -> None:
+    """``defined_in``: the directory of the conftest that defines the fixture, as a node id
+    (``tests/e2e``)."""
+    _CLOSERS[(fixture_name, defined_in)] = close
 
 
 def _uses(item: pytest.Item, fixture_name: str) -> bool:
@@ -45,7 +49,7 @@ def group_of(items: list[pytest.Item], fixture_names: list[str]) -> dict[str, in
 def order_by_set(items: list[pytest.Item], directory: str, fixture_names: list[str]) -> None:
     """Reorder, in place, the tests under ``directory`` (a contiguous run in pytest's order) so
     that the users of each set come together, in the order of ``fixture_names``."""
-    indices = [i for i, item in enumerate(items) if f"/{directory}/" in str(item.path)]
+    indices = [i for i, item in enumerate(items) if f"/{directory}/" in f"/{item.nodeid}"]
     if not indices:
         return
     chosen = [items[i] for i in indices]
@@ -60,16 +64,24 @@ class LastUsers:
     """Closes each registered set in the teardown of the last test that uses it."""
 
     def __init__(self) -> None:
-        self.last: dict[str, str] = {}
+        self.last: dict[tuple[str, str], str] = {}
 
-    @pytest.hookimpl(trylast=True)  # after every conftest has reordered the tests
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        self.last = {name: item.nodeid for item in items
-                     for name in getattr(item, "fixturenames", ())}
+    # After collection is final: conftests reorder in pytest_collection_modifyitems, and
+    # options such as --ff and --nf after them.
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.last = {}
+        for item in session.items:
+            info = getattr(item, "_fixtureinfo", None)
+            if info is None:
+                continue
+            for name in item.fixturenames:
+                definitions = info.name2fixturedefs.get(name)
+                if definitions:  # the last definition is the one this test gets
+                    self.last[(name, definitions[-1].baseid)] = item.nodeid
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
         yield
-        for name, close in _CLOSERS.items():
-            if self.last.get(name) == item.nodeid:
+        for key, close in _CLOSERS.items():
+            if self.last.get(key) == item.nodeid:
                 close()

@@ -135,7 +135,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
             reference.wait()
         reference_log.close()
 
-    early_teardown.register("stack", close)
+    early_teardown.register("stack", "tests/e2e", close)
     try:
         console_url = f"http://127.0.0.1:{console_port}"
         _wait_http(f"{console_url}/login/", 60, console)
@@ -176,7 +176,7 @@ def tiny_pd(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     failover tests."""
     workers = TinyPD(model=shared_tiny_llama(model_dir), logs=tmp_path_factory.mktemp("tiny-pd"),
                      kv_dir=Path("/dev/shm") / f"pdserve-tiny-pd-{os.getpid()}")
-    early_teardown.register("tiny_pd", workers.close)
+    early_teardown.register("tiny_pd", "tests/e2e", workers.close)
     try:
         workers.start_workers()
         for name, process in workers.workers.items():
