@@ -29,8 +29,17 @@ def test_bfloat16_only_where_the_cpu_multiplies_it(tmp_path: Path, flags: str,
     assert preferred_dtype(cpu_flags(_cpuinfo(tmp_path, flags))) == dtype
 
 
-def test_a_cpuinfo_without_flags_is_an_error_naming_the_file(tmp_path: Path) -> None:
+def test_arm_lists_its_features_and_bf16_among_them(tmp_path: Path) -> None:
+    path = tmp_path / "cpuinfo"
+    path.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n"
+                    "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 bf16 i8mm\n")
+    assert preferred_dtype(cpu_flags(path)) == "bfloat16"
+    path.write_text("processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull\n")
+    assert preferred_dtype(cpu_flags(path)) == "float32"
+
+
+def test_a_cpuinfo_without_flags_gives_float32(tmp_path: Path) -> None:
     path = tmp_path / "cpuinfo"
     path.write_text("processor\t: 0\n")
-    with pytest.raises(ValueError, match="no flags line"):
-        cpu_flags(path)
+    assert cpu_flags(path) == frozenset()
+    assert preferred_dtype(cpu_flags(path)) == "float32"
