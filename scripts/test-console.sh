@@ -3,7 +3,8 @@
 # default, and PostgreSQL, the database DATABASE_URL switches to. One after the other they were
 # 13 of make test's minutes on a slow machine; both are CPU-bound in one process, and the
 # machine has two cores. Each run has a data directory of its own (Celery's file-system broker,
-# logs, the secret key); the websocket tests on Redis use a channel prefix of their own.
+# logs, the secret key) and KV directory; the websocket tests on Redis use a channel prefix of
+# their own.
 #
 #   scripts/test-console.sh POSTGRES_URL [pytest arguments...]
 set -uo pipefail
@@ -15,10 +16,12 @@ sqlite_log=$(mktemp)
 trap 'rm -f "$sqlite_log"' EXIT
 
 env -u DATABASE_URL PDSERVE_DATA_DIR="$PWD/data/test-console-sqlite" \
+  PDSERVE_KV_DIR=/dev/shm/pdserve-test-console-sqlite \
   "$PY" -m pytest tests/console -q -p no:cacheprovider "$@" >"$sqlite_log" 2>&1 &
 sqlite_pid=$!
 echo "== tests/console on PostgreSQL ($postgres_url); on SQLite beside it (pid $sqlite_pid)"
 DATABASE_URL=$postgres_url PDSERVE_DATA_DIR="$PWD/data/test-console-postgres" \
+  PDSERVE_KV_DIR=/dev/shm/pdserve-test-console-postgres \
   "$PY" -m pytest tests/console -q -p no:cacheprovider "$@"
 postgres_status=$?
 wait "$sqlite_pid"
