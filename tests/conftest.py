@@ -20,6 +20,10 @@ os.environ["PDSERVE_CACHE_DIR"] = str(TEST_CACHE_DIR)
 # start vLLM themselves: compiling was most of make test's time (1-5 minutes a server here),
 # and what the tests prove does not depend on it (every comparison is eager on both sides).
 os.environ["PDSERVE_ENFORCE_EAGER"] = "1"
+# Eager, every phase of a start logs within about a minute even on two loaded cores: a worker
+# silent for 3 minutes is hung (settings.PDSERVE_START_STALL_S), and is started again in time
+# for the tests that wait on it (a rollout waits 10 minutes for green).
+os.environ["PDSERVE_START_STALL_S"] = "180"
 
 pytest_plugins = ["tests.suite_times"]
 early_teardown.register("borrowed", "tests", shutdown)

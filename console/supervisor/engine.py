@@ -72,6 +72,9 @@ class Child:
     next_probe: float = 0.0
     # Why it is being stopped when that is a failure (its requester vanished), else "".
     failure: str = ""
+    # Its log's size when last looked at while starting, and when that size last changed.
+    output_size: int = -1
+    output_at: float = 0.0
 
     def ended(self) -> tuple[bool, int | None]:
         """Whether the process has exited, and its exit code when it is known."""
@@ -91,6 +94,8 @@ class Backoff:
 class ProcessEngine:
     log_dir: Path = field(default_factory=lambda: Path(settings.PDSERVE_LOG_DIR))
     probe_timeout_s: float = 0.5
+    # A starting worker silent this long is hung (settings.PDSERVE_START_STALL_S).
+    start_stall_s: float = field(default_factory=lambda: float(settings.PDSERVE_START_STALL_S))
     children: dict[int, Child] = field(default_factory=dict)
     backoff: dict[tuple[int | None, str], Backoff] = field(default_factory=dict)
     captured: queue.SimpleQueue[CapturedLine] = field(default_factory=queue.SimpleQueue)
@@ -168,7 +173,7 @@ class ProcessEngine:
             backoff.failures += 1
             delay = min(MAX_BACKOFF_S, 2.0 ** (backoff.failures - 1))
             backoff.retry_at = time.monotonic() + delay
-            error = f"{exited(code)}; restarting in {delay:.0f} s. " \
+            error = f"{child.failure or exited(code)}; restarting in {delay:.0f} s. " \
                     f"Last log line: {last_line(record)}"
             log.warning("%s: %s", record, error)
             ManagedProcess.objects.filter(pk=record_id).update(
@@ -261,7 +266,9 @@ class ProcessEngine:
                 ManagedProcess.objects.filter(pk=record.pk).update(
                     degraded=degraded, updated=timezone.now())
                 did = True
-            if healthy and record.state == State.STARTING:
+            if not healthy and record.state == State.STARTING and self._stalled(child, record, now):
+                did = True
+            elif healthy and record.state == State.STARTING:
                 ManagedProcess.objects.filter(pk=record.pk).update(
                     state=State.READY, ready_at=timezone.now(), last_error="",
                     updated=timezone.now(),
@@ -275,6 +282,28 @@ class ProcessEngine:
                 )
                 did = True
         return did
+
+    def _stalled(self, child: Child, record: ManagedProcess, now: float) -> bool:
+        """Kill a planned process that has written nothing for ``start_stall_s`` while
+        starting: the crash path restarts it. A vLLM worker whose engine's worker process hung
+        at spawn was seen here to wait silently until stopped, 8 minutes later; every phase of
+        a healthy start logs within about a minute, even on two loaded cores."""
+        if child.kind not in ManagedProcess.PLANNED_KINDS:
+            return False
+        try:
+            size = os.stat(record.log_path).st_size
+        except OSError:
+            size = 0  # no log yet: silent as well
+        if size != child.output_size:
+            child.output_size, child.output_at = size, now
+            return False
+        if now - child.output_at < self.start_stall_s:
+            return False
+        child.failure = f"wrote nothing for {self.start_stall_s:.0f} s while starting; killed"
+        log.warning("%s: %s", child.slot, child.failure)
+        kill_group(child.popen.pid, signal.SIGKILL)
+        child.output_size = -1
+        return True
 
     # ---- spawning and stopping ---------------------------------------------------------
     def spawn(self, record: ManagedProcess, argv: list[str], env: dict[str, str],

@@ -255,6 +255,36 @@ def test_check_health_moves_starting_to_ready_and_back(supervisor: Supervisor,
     assert row.last_error == "health check failing"
 
 
+def test_a_starting_worker_that_writes_nothing_is_killed_and_restarted_as_a_crash(
+        supervisor: Supervisor, deployment: Deployment) -> None:
+    """A hung start (seen: vLLM's worker process never came up, and the server waited silently
+    until it was stopped) is killed once it has been silent for the stall limit; one that keeps
+    writing is left to start, however long it takes."""
+    supervisor.start_stall_s = 1.5
+    talker = spawn(supervisor, deployment, python_spec(
+        "prefill-0", "import time\nwhile True:\n    print('loading', flush=True)\n"
+                     "    time.sleep(0.3)\n"))
+    silent = spawn(supervisor, deployment, python_spec(
+        "decode-0", "import time\nprint('starting', flush=True)\ntime.sleep(600)\n"))
+    deadline = time.monotonic() + 15
+    while silent.popen.poll() is None:
+        assert time.monotonic() < deadline, "the silent start was never killed"
+        talker.next_probe = silent.next_probe = 0.0
+        supervisor.check_health()
+        time.sleep(0.2)
+    started = time.monotonic()
+    assert supervisor.reap() is True
+    row = record(deployment, "decode-0")
+    assert row.state == State.FAILED
+    assert row.last_error.startswith("wrote nothing for 2 s while starting; killed; "
+                                     "restarting in 1 s"), row.last_error
+    assert row.last_error.endswith("Last log line: starting")
+    assert supervisor.backoff[(deployment.pk, "decode-0")].retry_at >= started
+    # The one that kept writing is still starting.
+    assert talker.popen.poll() is None
+    assert record(deployment, "prefill-0").state == State.STARTING
+
+
 # ---- stopping -------------------------------------------------------------------------------
 
 
