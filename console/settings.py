@@ -263,6 +263,13 @@ PDSERVE_KV_DIR = env_path(
 )
 PDSERVE_LOG_RETENTION_LINES = env_int("PDSERVE_LOG_RETENTION_LINES", 50_000, 100, 10_000_000)
 PDSERVE_SUPERVISOR_TICK_S = float(env_int("PDSERVE_SUPERVISOR_TICK_MS", 500, 50, 10_000)) / 1000
+# Node agents (manage.py agent --node NAME): a heartbeat every 5 s, and a node is marked down
+# after 30 s without one. Six missed beats: a Redis restart or a network blip of up to ~25 s
+# marks nothing down (the peers' users report false mass "not ready" after short blips), and
+# a dead agent is still noticed within half a minute, sooner than GPUStack's 150 s grace or
+# Kubernetes' 40 s. The judge gives every node a whole grace after it could not read Redis.
+PDSERVE_AGENT_HEARTBEAT_S = float(env_int("PDSERVE_AGENT_HEARTBEAT_MS", 5000, 100, 60_000)) / 1000
+PDSERVE_AGENT_GRACE_S = float(env_int("PDSERVE_AGENT_GRACE_MS", 30_000, 300, 600_000)) / 1000
 # Alerts: how often the evaluator runs (5 s, as the ready-made rules' windows assume), and the
 # address notifications link back to (Alertmanager's externalURL, generatorURL).
 PDSERVE_ALERT_TICK_S = float(env_int("PDSERVE_ALERT_TICK_MS", 5000, 200, 60_000)) / 1000

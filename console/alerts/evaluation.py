@@ -46,6 +46,8 @@ from console.alerts.snapshots import expected, first_ready, first_starts, frame,
 from console.alerts.streams import alert_messages
 from console.deployments.models import Deployment
 from console.fleet import port_holders
+from console.fleet.agent_liveness import NodeMonitor
+from console.fleet.models import NodeAgent
 from console.fleet.services import local_node
 from console.live.groups import emit
 from console.live.models import MetricSample
@@ -63,7 +65,7 @@ MIN_HISTORY_S = 60.0
 SECOND = MetricSample.Resolution.SECOND
 FACT_REFRESH = timedelta(seconds=15)
 TICK_FACTS = ("deployment.gate_failed", "deployment.foreign_ports", "deployment.metrics_missing",
-              "deployment.scale_refused")
+              "deployment.scale_refused", "deployment.node_down")
 # Facts another loop writes (the autoscaler): read as stored, 0 once older than this.
 STORED_FACTS = ("deployment.scale_refused",)
 STORED_FACT_FRESH = timedelta(seconds=60)
@@ -110,7 +112,8 @@ class TickReport:
 
 class Evaluator:
     def __init__(self, holder: str | None = None, interval_s: float = TICK_S,
-                 lease_s: float = LEASE_S) -> None:
+                 lease_s: float = LEASE_S, nodes: NodeMonitor | None = None) -> None:
+        """``nodes``: the judge of node agents' heartbeats (settings' Redis and grace)."""
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.interval_s = interval_s
         self.lease_s = lease_s
@@ -118,6 +121,7 @@ class Evaluator:
         self._local_memory = 0
         self._caches: dict[int, _DeploymentCache] = {}
         self._instances: dict[tuple[int, str], _Instance] = {}
+        self._nodes = nodes or NodeMonitor()
         self._loop = Periodic("alert-evaluator", interval_s, self._step, log,
                               "evaluating alerts failed; retrying", self._finish)
 
@@ -142,6 +146,8 @@ class Evaluator:
         self._held = False
         self._caches.clear()
         self._instances.clear()
+        # A judge that takes over gives every node a whole grace (console/fleet/agent_liveness.py).
+        self._nodes.watches.clear()
 
     def _load_instances(self) -> None:
         for alert in Alert.objects.all():
@@ -158,6 +164,8 @@ class Evaluator:
         if not self.hold_lease(now):
             return TickReport(evaluated=False)
         report = TickReport(evaluated=True)
+        # Node agents' liveness first: this tick's node_down facts read it.
+        self._nodes.step()
         self._local_memory = local_node().memory_bytes
         rules_by_deployment: dict[int, list[AlertRule]] = {}
         for rule in AlertRule.objects.filter(enabled=True).select_related("deployment"):
@@ -293,6 +301,12 @@ class Evaluator:
         if "deployment.foreign_ports" in wanted:
             facts["deployment.foreign_ports"], cache.notes["deployment.foreign_ports"] = (
                 foreign_ports(deployment, processes, listeners))
+        if "deployment.node_down" in wanted:
+            down = sorted(NodeAgent.objects.filter(
+                node__workers__deployment=deployment, state=NodeAgent.State.DOWN,
+            ).values_list("node__name", flat=True).distinct())
+            facts["deployment.node_down"] = float(len(down))
+            cache.notes["deployment.node_down"] = ", ".join(down)
         if "deployment.metrics_missing" in wanted:
             facts["deployment.metrics_missing"], cache.notes["deployment.metrics_missing"] = (
                 missing_families(rules, processes, now))

@@ -98,6 +98,13 @@ def rule_specs(deployment: Any) -> list[dict[str, Any]]:
              reason="a pool policy asks for an instance the node's memory cannot hold; the "
                     "autoscaler's decision says which and by how much (KEDA's users get a "
                     "silent fallback instead)"),
+        dict(key="node_down", name="Node down", series="deployment.node_down",
+             aggregation="last", window_s=30, comparison=">", threshold=0, severity="critical",
+             nodata="ok", labels={"category": "availability"},
+             summary="{deployment}: {value} node(s) of its workers are down (no agent heartbeat)",
+             reason="a node agent missed its heartbeats for the grace (PDSERVE_AGENT_GRACE_MS): "
+                    "its workers may still serve, but nothing restarts them there; nothing is "
+                    "rescheduled unless the plan is changed"),
     ]
     if pd:
         specs += [

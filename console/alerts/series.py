@@ -136,6 +136,8 @@ SERIES: dict[str, SeriesDef] = {s.name: s for s in (
               "max"),
     SeriesDef("deployment.scale_refused", "1 while the autoscaler cannot grow a pool because "
               "the node lacks the memory for another instance", "bool", (), "max"),
+    SeriesDef("deployment.node_down", "nodes of the deployment's workers whose agent missed "
+              "its heartbeats for the grace", "nodes", (), "max"),
 )}
 
 

@@ -28,7 +28,7 @@ from console.control.pools import PoolSync
 from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import ProcessSpec, kv_channel, process_specs
 from console.deployments.models import Deployment
-from console.fleet.services import refresh_local_node
+from console.fleet.services import agent_node_ids, refresh_agent_node, refresh_local_node
 from console.live.broadcast import log_messages, send_all
 from console.live.collector import MetricsCollector, ScrapeTarget
 from console.live.logstore import LogStore
@@ -53,6 +53,8 @@ class Supervisor(ProcessEngine):
     last_sweep: float = 0.0
     last_housekeeping: float = 0.0
     prepared: set[int] = field(default_factory=set)
+    # The nodes whose agents run their workers (read at each reconcile), for the console's own.
+    _agent_nodes: set[int] = field(default_factory=set)
     log_store: LogStore = field(
         default_factory=lambda: LogStore(retention_lines=settings.PDSERVE_LOG_RETENTION_LINES)
     )
@@ -77,9 +79,23 @@ class Supervisor(ProcessEngine):
         return fixed + self.gates.recover()
 
     # ---- the loop ----------------------------------------------------------------------
+    @property
+    def is_agent(self) -> bool:
+        """A node agent's supervisor: it runs its node's workers, and nothing of what the
+        console's own supervisor runs once for all nodes (gates, pools, rollouts, routers)."""
+        return self.node_id is not None
+
+    def runs(self, spec: ProcessSpec) -> bool:
+        """Whether ``spec``'s process is this supervisor's to run: on its node."""
+        if self.is_agent:
+            return spec.node_id == self.node_id
+        return spec.node_id is None or spec.node_id not in self._agent_nodes
+
     def tick(self) -> bool:
         did = self.step()
         did = self.reconcile() or did
+        if self.is_agent:
+            return self.housekeeping() or did
         did = self.gates.step() or did
         did = self.pools.step() or did
         did = self.rollouts.step(self.children) or did
@@ -88,11 +104,14 @@ class Supervisor(ProcessEngine):
 
     def housekeeping(self) -> bool:
         """What no GET handler may do: fail the jobs and measurements whose Celery worker died,
-        and keep the local node's discovered facts fresh."""
+        and keep the node's discovered facts fresh."""
         now = time.monotonic()
         if now - self.last_housekeeping < HOUSEKEEPING_EVERY_S:
             return False
         self.last_housekeeping = now
+        if self.is_agent:
+            refresh_agent_node(self.node_id)
+            return False
         reaped = reap_builders() + reap_measurements()
         refresh_local_node()  # rediscovers once its facts are older than the fleet's maximum age
         return reaped > 0
@@ -101,6 +120,8 @@ class Supervisor(ProcessEngine):
         did = False
         running_slots: set[tuple[int, str]] = set()
         running = list(Deployment.objects.filter(desired_state=Deployment.DesiredState.RUNNING))
+        if not self.is_agent:
+            self._agent_nodes = agent_node_ids()
         # A deployment's KV storage is emptied once per start, not on every restart of a worker.
         self.prepared &= {d.pk for d in running}
         for deployment in running:
@@ -113,7 +134,7 @@ class Supervisor(ProcessEngine):
             if fresh_start:
                 kv_channel(deployment).prepare()
                 self.prepared.add(deployment.pk)
-            for spec in specs:
+            for spec in filter(self.runs, specs):
                 running_slots.add((deployment.pk, spec.slot))
                 if self._child_for(deployment.pk, spec.slot) is not None:
                     continue
@@ -241,7 +262,8 @@ class Supervisor(ProcessEngine):
             deployment=deployment, slot=spec.slot,
             # No env: a router's carries its admin token, and the spec is at hand here anyway.
             defaults={"kind": kind, "role": spec.role, "port": spec.port, "log_path": str(log_path),
-                      "env": {}},
+                      "env": {}, "node_id": spec.node_id if self.is_agent else None,
+                      "host": spec.host},
         )
         # Restarts count within one start of the deployment; a new start begins at 0.
         self.spawn(record, spec.argv, spec.env,

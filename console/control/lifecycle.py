@@ -6,6 +6,7 @@ and refuses while any error stands.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 from typing import Any, NoReturn
@@ -14,10 +15,12 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from kombu.exceptions import OperationalError
 
 from console.audit.entries import record, snapshot
 from console.catalog.models import Variant
 from console.checks.suite import Report, run_checks
+from console.control.agent_tasks import notify_agents
 from console.control.worker_specs import chat_template_path, kv_storage_path
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput, PoolInput, save_plan
@@ -27,6 +30,8 @@ from console.quality import services as quality
 from console.rollouts import revisions
 from console.rollouts.models import Revision
 from console.supervisor.models import ManagedProcess
+
+log = logging.getLogger("pdserve.control")
 
 
 class Refused(Exception):
@@ -59,7 +64,18 @@ def request_state(deployment: Deployment, desired: str) -> Deployment:
         verb = "start" if desired == Deployment.DesiredState.RUNNING else "stop"
         record(f"deployment.{verb}", deployment, before={"desired_state": before},
                after={"desired_state": desired})
+        # The agents of the nodes it runs on act at once rather than at their next tick.
+        transaction.on_commit(lambda: _tell_agents(deployment, verb))
     return deployment
+
+
+def _tell_agents(deployment: Deployment, action: str) -> None:
+    try:
+        notify_agents(deployment, action)
+    except OperationalError as exc:
+        # The plan is stored; each agent acts on it at its next tick all the same.
+        log.warning("%s %s: could not message the node agents (%s); they act at their next "
+                    "tick", action, deployment.name, exc)
 
 
 def check(deployment: Deployment) -> Report:

@@ -28,6 +28,10 @@ class ProcessSpec:
     port: int
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    # The node whose supervisor runs it (None: the console's own, where the router runs), and
+    # the address it binds there, where the supervisor probes it.
+    node_id: int | None = None
+    host: str = "127.0.0.1"
 
 
 def kv_storage_path(deployment: Deployment, revision: int | None = None) -> Path:
@@ -176,7 +180,7 @@ def process_specs(deployment: Deployment,
         argv, env = build_command(worker_spec(deployment, worker, handshake_compat,
                                               chat_template))
         specs.append(ProcessSpec(slot=worker.slot, role=worker.role, port=worker.port,
-                                 argv=argv, env=env))
+                                 argv=argv, env=env, node_id=worker.node_id, host=worker.host))
     specs.append(router_spec(deployment, workers, chat_template, write_keys_file(deployment)))
     return specs
 
@@ -194,7 +198,7 @@ def router_spec(deployment: Deployment, workers: list[WorkerPlan], chat_template
     router_args = [*router_argv(deployment, workers, chat_template, python),
                    "--keys-file", str(keys_file)]
     return ProcessSpec(slot="router", role="router", port=deployment.router_port,
-                       argv=router_args, env=router_env)
+                       argv=router_args, env=router_env, host=deployment.router_host)
 
 
 def green_slot(slot: str, revision: Revision) -> str:
@@ -225,5 +229,6 @@ def green_specs(deployment: Deployment, rollout: Rollout,
         argv, env = build_command(worker_spec(worker.deployment, worker, handshake_compat,
                                               chat_template, rollout.to_revision.number))
         specs.append(ProcessSpec(slot=green_slot(worker.slot, rollout.to_revision),
-                                 role=worker.role, port=worker.port, argv=argv, env=env))
+                                 role=worker.role, port=worker.port, argv=argv, env=env,
+                                 node_id=worker.node_id, host=worker.host))
     return specs

@@ -78,3 +78,23 @@ class Gpu(models.Model):
     @property
     def memory_gib(self) -> float:
         return self.memory_bytes / GIB
+
+
+class NodeAgent(models.Model):
+    """A node's agent (``manage.py agent --node NAME``) as the judge of its heartbeats last saw
+    it (console/fleet/agent_liveness.py); a node without one is run by the console's own
+    supervisor. Written by the agent when it starts and by the judge, never by hand."""
+
+    class State(models.TextChoices):
+        UP = "up"
+        DOWN = "down"
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, primary_key=True,
+                                related_name="agent")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.UP)
+    state_since = models.DateTimeField()
+    seen_at = models.DateTimeField(null=True, blank=True)
+    heartbeat = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.node.name}: agent {self.state}"

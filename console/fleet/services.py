@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from console.audit.entries import delete_recorded, record, snapshot
 from console.fleet.discovery import NodeFacts, local_facts
-from console.fleet.models import Gpu, Node
+from console.fleet.models import Gpu, Node, NodeAgent
 
 # Cores, memory and GPUs rarely change; rediscovering on every check would only cost time.
 LOCAL_FACTS_MAX_AGE = timedelta(seconds=60)
@@ -21,6 +21,16 @@ def record_local_node(facts: NodeFacts) -> Node:
     node = Node.objects.select_for_update().filter(is_local=True).first()
     if node is None:
         node = Node(is_local=True, name=_free_name(facts.name), address="127.0.0.1")
+    return _write_facts(node, facts)
+
+
+@transaction.atomic
+def record_agent_node(name: str, facts: NodeFacts) -> Node:
+    """A node agent's own discovery, into its node's record (added by hand, with its address)."""
+    return _write_facts(Node.objects.select_for_update().get(name=name), facts)
+
+
+def _write_facts(node: Node, facts: NodeFacts) -> Node:
     node.cpu_ids = facts.cpu_ids
     node.memory_bytes = facts.memory_bytes
     node.engine_package = facts.engine_package
@@ -48,6 +58,21 @@ def local_node() -> Node:
     node yet (``bootstrap`` records it first, so pages never do)."""
     node = Node.objects.local()
     return node if node is not None else record_local_node(local_facts())
+
+
+def refresh_agent_node(node_id: int, max_age: timedelta = LOCAL_FACTS_MAX_AGE) -> Node:
+    """A node agent's node, rediscovered where the agent runs when its facts are older than
+    ``max_age``: the agent's housekeeping, as :func:`refresh_local_node` is the console's."""
+    node = Node.objects.get(pk=node_id)
+    if node.discovered_at and timezone.now() - node.discovered_at < max_age:
+        return node
+    return record_agent_node(node.name, local_facts())
+
+
+def agent_node_ids() -> set[int]:
+    """The nodes that have had an agent: their workers are their agents' to run, never the
+    console's, even while an agent is down (its workers may well be serving)."""
+    return set(NodeAgent.objects.values_list("node_id", flat=True))
 
 
 def refresh_local_node(max_age: timedelta = LOCAL_FACTS_MAX_AGE) -> Node:

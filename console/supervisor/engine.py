@@ -24,9 +24,11 @@ from pathlib import Path
 
 import httpx
 from django.conf import settings
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from console.deployments.models import Deployment
+from console.fleet.models import Node
 from console.supervisor.capture import CapturedLine, clean_line
 from console.supervisor.log_follow import LogFollow, follow_log
 from console.supervisor.models import ManagedProcess
@@ -100,9 +102,20 @@ class ProcessEngine:
     backoff: dict[tuple[int | None, str], Backoff] = field(default_factory=dict)
     captured: queue.SimpleQueue[CapturedLine] = field(default_factory=queue.SimpleQueue)
     last_owner_check: float = 0.0
+    # The node whose processes this engine owns: a node agent's; None for the console's own
+    # node (`manage.py supervise`), which also owns the rows of no node (requested processes).
+    node_id: int | None = None
 
     def __post_init__(self) -> None:
         self.http = httpx.Client(timeout=self.probe_timeout_s)
+
+    def owned(self) -> QuerySet[ManagedProcess]:
+        """The process table's rows of this engine's node."""
+        if self.node_id is not None:
+            return ManagedProcess.objects.filter(node_id=self.node_id)
+        local = Node.objects.local()
+        return ManagedProcess.objects.filter(
+            Q(node=None) | Q(node=local) if local is not None else Q(node=None))
 
     # ---- start-up ----------------------------------------------------------------------
     def recover(self) -> int:
@@ -110,7 +123,7 @@ class ProcessEngine:
         running for a deployment that should run; mark the others failed, killing what still
         runs of them. Returns how many rows were settled."""
         fixed = 0
-        for record in ManagedProcess.objects.filter(
+        for record in self.owned().filter(
                 state__in=ManagedProcess.ALIVE_STATES).select_related("deployment"):
             alive = is_same_process(record.pid, record.started_at)
             if alive and adoptable(record):
@@ -203,7 +216,7 @@ class ProcessEngine:
         """Spawn requested rows that want to run and have not been started; stop the ones whose
         requester now wants them stopped."""
         did = False
-        requested = ManagedProcess.objects.exclude(kind__in=ManagedProcess.PLANNED_KINDS)
+        requested = self.owned().exclude(kind__in=ManagedProcess.PLANNED_KINDS)
         for record in requested.filter(wanted=ManagedProcess.Wanted.RUNNING, state=State.STOPPED,
                                        pid=None, started_at=None):
             if record.pk in self.children:

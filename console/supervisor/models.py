@@ -40,6 +40,11 @@ class ManagedProcess(models.Model):
     slot = models.CharField(max_length=50)  # "prefill-0", "decode-0", "router", "gate-7-reference"
     role = models.CharField(max_length=20)  # prefill | decode | colocated | router | builder
     port = models.PositiveIntegerField(null=True, blank=True)  # none: nothing to probe (a builder)
+    # The node whose supervisor owns it (a node agent's, or `supervise`'s for the console's own
+    # node); none: the console's node (requested kinds). The address it binds and is probed at.
+    node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="processes",
+                             null=True, blank=True)
+    host = models.GenericIPAddressField(default="127.0.0.1")
     env = models.JSONField(default=dict, blank=True)
     # What the requester of a requested kind wants; planned kinds follow their deployment.
     wanted = models.CharField(max_length=10, choices=Wanted.choices, default=Wanted.RUNNING)
@@ -79,7 +84,8 @@ class ManagedProcess(models.Model):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def tail(self, lines: int = 10, max_bytes: int = 16_384) -> list[str]:
         """The last lines of this process's log file."""

@@ -7,7 +7,14 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.fleet.discovery import connector_name
-from console.fleet.models import GIB, MAX_GPU_MEMORY_BYTES, MAX_NODE_MEMORY_BYTES, Gpu, Node
+from console.fleet.models import (
+    GIB,
+    MAX_GPU_MEMORY_BYTES,
+    MAX_NODE_MEMORY_BYTES,
+    Gpu,
+    Node,
+    NodeAgent,
+)
 from inference.kv_channels import CHANNEL_NAMES
 
 # Each entry replaces the GPU list as a whole, a PATCH's too.
@@ -41,6 +48,16 @@ class GpuSerializer(serializers.ModelSerializer):
         return attrs
 
 
+class NodeAgentSerializer(serializers.ModelSerializer):
+    """The node's agent as the judge of its heartbeats last saw it; null: no agent has run
+    there (the console's own supervisor runs its workers)."""
+
+    class Meta:
+        model = NodeAgent
+        fields = ["state", "state_since", "seen_at", "heartbeat"]
+        read_only_fields = fields
+
+
 class NodeSerializer(serializers.ModelSerializer):
     """A node as read, and as written when added by hand (the local node is discovered)."""
 
@@ -52,12 +69,14 @@ class NodeSerializer(serializers.ModelSerializer):
         required=False,
     )
     gpus = GpuSerializer(many=True, required=False)
+    agent = NodeAgentSerializer(read_only=True, allow_null=True)
 
     class Meta:
         model = Node
         fields = ["id", "name", "address", "is_local", "cpu_count", "cpu_ids", "memory_gib",
-                  "engine_package", "engine_version", "kv_connectors", "gpus", "discovered_at"]
-        read_only_fields = ["is_local", "cpu_ids", "discovered_at"]
+                  "engine_package", "engine_version", "kv_connectors", "gpus", "discovered_at",
+                  "agent"]
+        read_only_fields = ["is_local", "cpu_ids", "discovered_at", "agent"]
 
     def validate_gpus(self, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
         indices = [gpu["index"] for gpu in gpus]

@@ -22,7 +22,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
     permission_classes = [SuperuserChanges]
 
     def get_queryset(self) -> QuerySet[Node]:
-        return Node.objects.prefetch_related("gpus")
+        return Node.objects.prefetch_related("gpus").select_related("agent")
 
     def perform_create(self, serializer: NodeSerializer) -> None:  # type: ignore[override]
         serializer.instance = save_manual_node(None, serializer.to_model_fields())

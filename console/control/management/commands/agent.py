@@ -1,0 +1,219 @@
+"""``manage.py agent --node NAME``: a node's agent, a Celery worker on the node's queue that
+hosts the node's supervisor.
+
+The supervisor runs, watches and restarts the workers the plans place on this node; the
+console's own node is ``manage.py supervise``'s. The agent reports through Redis: a heartbeat
+with its process table and devices (console/fleet/agent_liveness.py), and, as every supervisor
+does, log lines (stored first) and metrics over the shared channel layer.
+
+Fencing: an agent that loses Redis keeps its workers serving and catches up once Redis is back;
+an agent that stops (SIGTERM) or dies leaves its workers running, and the next agent on the
+node adopts them, by pid and start time: never a duplicate, never an orphan.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+from django.utils import timezone
+
+from console.audit.actors import acting_as
+from console.celery import app
+from console.control import agent_tasks
+from console.control.daemon import Supervisor
+from console.fleet import agent_liveness
+from console.fleet.agent_liveness import Heartbeat
+from console.fleet.models import Node, NodeAgent
+from console.live.periodic import Periodic
+from console.supervisor.models import ManagedProcess
+
+log = logging.getLogger("pdserve.agents")
+
+
+class Command(BaseCommand):
+    help = ("Run this node's agent: a Celery worker on the node's queue (node.NAME) hosting the "
+            "supervisor of the workers the plans place on this node. Needs REDIS_URL and the "
+            "console's database (DATABASE_URL).")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--node", required=True,
+                            help="this node's name, as added to the console's fleet")
+        parser.add_argument("--status", action="store_true",
+                            help="print the node's agent state, last heartbeat and process "
+                                 "table, and exit")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        node = self._node(options["node"])
+        if options["status"]:
+            self._print_status(node)
+            return
+        if not settings.REDIS_URL:
+            raise CommandError("REDIS_URL is not set: a node agent reports and takes its orders "
+                               "through Redis (set REDIS_URL to the console's Redis)")
+        lock_path = Path(settings.DATA_DIR) / f"agent-{node.name}.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_path, "w")  # noqa: SIM115 - held for the agent's lifetime
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise CommandError(f"--node {node.name}: another agent holds {lock_path}") from exc
+
+        supervisor = Supervisor(node_id=node.pk)
+        adopted = supervisor.recover()
+        self.stdout.write(f"agent {node.name}: settled {adopted} process record(s) a previous "
+                          "agent left (running workers adopted)")
+        beats = HeartbeatSender(node, supervisor)
+        beats.register()
+        supervisor.start_log_writer()
+        supervisor.start_metrics_collector()
+        beats.start()
+        loop = SupervisorLoop(supervisor)
+        loop.start()
+        self.stdout.write(f"agent {node.name}: running, queue {agent_tasks.queue_name(node.name)}")
+        self.stdout.flush()
+        try:
+            # Fencing: Redis going away must not end the agent (Celery gives up after 100
+            # retries otherwise); its supervisor goes on meanwhile.
+            app.conf.broker_connection_max_retries = None
+            worker = app.Worker(
+                queues=[agent_tasks.queue_name(node.name)], pool="solo", concurrency=1,
+                hostname=f"agent@{node.name}", loglevel="WARNING", quiet=True,
+                without_gossip=True, without_mingle=True)
+            worker.start()
+        finally:
+            loop.stop()
+            beats.stop()
+            # Workers are left running: the next agent on this node adopts them.
+            supervisor.stop_metrics_collector()
+            supervisor.stop_log_writer()
+            left = len(supervisor.children)
+            self.stdout.write(f"agent {node.name}: stopped; {left} process(es) left running "
+                              "for the next agent to adopt")
+            lock.close()
+
+    def _node(self, name: str) -> Node:
+        node = Node.objects.filter(name=name).first()
+        if node is None:
+            known = ", ".join(Node.objects.values_list("name", flat=True)) or "none"
+            raise CommandError(f"--node {name}: no such node in the console's fleet (known: "
+                               f"{known}); add it first, with its address")
+        if node.is_local:
+            raise CommandError(f"--node {name}: this is the console's own node, which "
+                               "`manage.py supervise` runs")
+        return node
+
+    def _print_status(self, node: Node) -> None:
+        agent = NodeAgent.objects.filter(node=node).first()
+        if agent is None:
+            self.stdout.write(f"node {node.name} ({node.address}): no agent has run here")
+        else:
+            seen = (f"{(timezone.now() - agent.seen_at).total_seconds():.1f} s ago"
+                    if agent.seen_at else "never")
+            beat = agent.heartbeat or {}
+            self.stdout.write(
+                f"node {node.name} ({node.address}): agent {agent.state} since "
+                f"{agent.state_since:%Y-%m-%d %H:%M:%S}, last heartbeat {seen}"
+                + (f" from pid {beat['pid']} on {beat['hostname']}" if beat else ""))
+        rows = ManagedProcess.objects.filter(node=node).select_related("deployment")
+        if not rows:
+            self.stdout.write("no processes")
+        for row in rows:
+            self.stdout.write(
+                f"{row.owner_name:20} {row.slot:20} {row.state:9} pid={row.pid or '-':<7} "
+                f"{row.host}:{row.port or '-'} restarts={row.restarts} {row.last_error[:80]}")
+
+
+class SupervisorLoop:
+    """The supervisor's ticks, in a thread beside the Celery worker; a control message wakes it
+    before its next tick."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agent-supervisor", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with acting_as("system", "agent"):
+                while not self._stop.is_set():
+                    try:
+                        self.supervisor.tick()
+                    except Exception:  # a database blip must not end supervision
+                        log.exception("a supervisor tick failed; retrying")
+                    agent_tasks.WAKE.wait(settings.PDSERVE_SUPERVISOR_TICK_S)
+                    agent_tasks.WAKE.clear()
+        finally:
+            connection.close()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        agent_tasks.WAKE.set()
+        self._thread.join(timeout=30)
+
+
+class HeartbeatSender:
+    """Writes the node's heartbeat to Redis every ``PDSERVE_AGENT_HEARTBEAT_S``; a Redis that
+    does not answer is logged once and retried at every beat, and nothing else stops."""
+
+    def __init__(self, node: Node, supervisor: Supervisor) -> None:
+        self.node = node
+        self.supervisor = supervisor
+        self.seq = 0
+        self.started_at = time.time()
+        self.failing = False
+        self.client = agent_liveness.redis_client()
+        self._loop = Periodic("agent-heartbeat", settings.PDSERVE_AGENT_HEARTBEAT_S, self.beat,
+                              log, "an agent heartbeat failed; retrying")
+
+    def heartbeat(self) -> Heartbeat:
+        self.seq += 1
+        node = Node.objects.get(pk=self.node.pk)
+        rows = ManagedProcess.objects.filter(node=node).select_related("deployment")
+        return Heartbeat(
+            node=node.name, seq=self.seq, pid=os.getpid(), hostname=socket.gethostname(),
+            started_at=self.started_at,
+            processes={f"{r.owner_name}/{r.slot}": r.state for r in rows},
+            devices={"cpus": len(node.cpu_ids), "memory_bytes": node.memory_bytes,
+                     "gpus": node.gpus.count(), "engine": f"{node.engine_package} "
+                                                        f"{node.engine_version}".strip()})
+
+    def register(self) -> None:
+        heartbeat = self.heartbeat()
+        agent_liveness.register(self.node, heartbeat)
+        self._send(heartbeat)
+
+    def beat(self) -> None:
+        self._send(self.heartbeat())
+
+    def _send(self, heartbeat: Heartbeat) -> None:
+        try:
+            agent_liveness.publish(self.client, heartbeat, settings.PDSERVE_AGENT_GRACE_S)
+        except redis.RedisError as exc:
+            if not self.failing:
+                log.warning("agent %s: cannot reach Redis (%s); workers go on serving, "
+                            "heartbeats resume when it answers", self.node.name, exc)
+            self.failing = True
+            return
+        if self.failing:
+            log.warning("agent %s: Redis answers again; heartbeats resumed", self.node.name)
+        self.failing = False
+
+    def start(self) -> None:
+        self._loop.start()
+
+    def stop(self) -> None:
+        self._loop.stop()
