@@ -1,9 +1,11 @@
 """tests/netns.py: hosts in network namespaces reach each other over the bridge and the root
 namespace's loopback-only services through the relay, keep their loopback to themselves, leave
-nothing behind, and give UCX their veth."""
+nothing behind, give UCX their veth, and carry NIXL's KV over it with UCX_TLS=tcp."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import socket
 import statistics
@@ -203,6 +205,51 @@ def test_round_trip_over_the_veth_and_over_loopback(hosts: Hosts, capsys: pytest
     with capsys.disabled():
         print(f"\nTCP 1-byte round trip, median of {rounds}: veth A->B "
               f"{statistics.median(veth):.0f} us, loopback in A {statistics.median(loopback):.0f} us")
+
+
+NIXL_SIZE = 16 << 20
+
+
+def rx_bytes(host: Host) -> int:
+    stats = json.loads(host.run(["ip", "-j", "-s", "link", "show", "dev", host.interface]).stdout)
+    return int(stats[0]["stats64"]["rx"]["bytes"])
+
+
+def nixl_read(hosts: Hosts, ucx_tls: str, rendezvous: Path) -> tuple[int, str]:
+    """node-a reads NIXL_SIZE bytes from node-b with NIXL over UCX_TLS; returns the bytes that
+    came in over node-a's veth meanwhile, and what the initiator said."""
+    a, b = hosts["node-a"], hosts["node-b"]
+    rendezvous.mkdir()
+    script = str(ROOT / "tests" / "nixl_xfer.py")
+
+    def env(host: Host) -> dict[str, str]:
+        return {**os.environ, "UCX_TLS": ucx_tls, "UCX_NET_DEVICES": host.interface}
+
+    before = rx_bytes(a)
+    target = b.popen([PY, script, "target", str(rendezvous), str(NIXL_SIZE)], env=env(b),
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        initiator = a.run([PY, script, "initiator", str(rendezvous), str(NIXL_SIZE)], env=env(a),
+                          timeout=90)
+    finally:
+        served, target_err = target.communicate(timeout=90)
+    # NIXL logs to stdout too: the script's own word is the last line.
+    assert target.returncode == 0 and served.splitlines()[-1:] == ["served"], target_err[-2000:]
+    return rx_bytes(a) - before, initiator.stdout.splitlines()[-1]
+
+
+def test_nixl_over_ucx_tcp_crosses_the_veth_and_shared_memory_would_not(
+        hosts: Hosts, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # KV as the decode side pulls it: node-a READs node-b's registered buffer.
+    over_tcp, said_tcp = nixl_read(hosts, "tcp", tmp_path / "tcp")
+    assert over_tcp >= NIXL_SIZE  # every byte came in over the veth
+    # pdserve's CPU default lets UCX take shared memory between two namespaces of one machine
+    # (same boot id, same IPC namespace): the bytes arrive without crossing the veth.
+    with_sm, said_sm = nixl_read(hosts, "tcp,self,sm", tmp_path / "sm")
+    assert with_sm < NIXL_SIZE // 16
+    with capsys.disabled():
+        print(f"\nNIXL READ node-b -> node-a: UCX_TLS=tcp {said_tcp}, {over_tcp} bytes in on the veth; "
+              f"UCX_TLS=tcp,self,sm {said_sm}, {with_sm} bytes in on the veth")
 
 
 def test_close_kills_leftovers_and_removes_everything(tmp_path: Path) -> None:
