@@ -23,6 +23,7 @@ def record_local_node(facts: NodeFacts) -> Node:
         node = Node(is_local=True, name=_free_name(facts.name), address="127.0.0.1")
     node.cpu_ids = facts.cpu_ids
     node.memory_bytes = facts.memory_bytes
+    node.cpu_flags = facts.cpu_flags
     node.engine_package = facts.engine_package
     node.engine_version = facts.engine_version
     node.kv_connectors = facts.kv_connectors

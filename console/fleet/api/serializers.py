@@ -7,7 +7,15 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from console.fleet.discovery import connector_name
-from console.fleet.models import GIB, MAX_GPU_MEMORY_BYTES, MAX_NODE_MEMORY_BYTES, Gpu, Node
+from console.fleet.models import (
+    GIB,
+    MAX_CPU_FLAGS,
+    MAX_GPU_MEMORY_BYTES,
+    MAX_NODE_MEMORY_BYTES,
+    Gpu,
+    Node,
+    validate_cpu_flag,
+)
 from inference.kv_channels import CHANNEL_NAMES
 
 # Each entry replaces the GPU list as a whole, a PATCH's too.
@@ -47,6 +55,9 @@ class NodeSerializer(serializers.ModelSerializer):
     address = IPAddressField(help_text=Node._meta.get_field("address").help_text)
     cpu_count = serializers.IntegerField(min_value=1, max_value=4096)
     memory_gib = serializers.FloatField(min_value=0.1, max_value=MAX_NODE_MEMORY_BYTES / GIB)
+    cpu_flags = serializers.ListField(
+        child=serializers.CharField(validators=[validate_cpu_flag]), required=False,
+        max_length=MAX_CPU_FLAGS, help_text=Node._meta.get_field("cpu_flags").help_text)
     kv_connectors = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(connector_name(c) for c in CHANNEL_NAMES)),
         required=False,
@@ -55,8 +66,9 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "address", "is_local", "cpu_count", "cpu_ids", "memory_gib",
-                  "engine_package", "engine_version", "kv_connectors", "gpus", "discovered_at"]
+        fields = ["id", "name", "address", "is_local", "cpu_count", "cpu_ids", "cpu_flags",
+                  "memory_gib", "engine_package", "engine_version", "kv_connectors", "gpus",
+                  "discovered_at"]
         read_only_fields = ["is_local", "cpu_ids", "discovered_at"]
 
     def validate_gpus(self, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -72,6 +84,8 @@ class NodeSerializer(serializers.ModelSerializer):
             data["cpu_ids"] = list(range(data.pop("cpu_count")))
         if "memory_gib" in data:
             data["memory_bytes"] = to_bytes(data.pop("memory_gib"))
+        if "cpu_flags" in data:
+            data["cpu_flags"] = sorted(set(data["cpu_flags"]))
         if "gpus" in data:
             data["gpus"] = [
                 {**{k: v for k, v in gpu.items() if k != "memory_gib"},
