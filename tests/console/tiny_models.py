@@ -37,6 +37,14 @@ QUANTIZED_W8A8: dict[str, Any] = {"quantization_config": {
     "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"},
                                   "input_activations": {"num_bits": 8, "type": "int"}}},
 }}
+QUANTIZED_W4A16: dict[str, Any] = {"quantization_config": {
+    "quant_method": "compressed-tensors", "format": "pack-quantized",
+    "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 64}}},
+}}
+# /proc/cpuinfo flags of an AVX2-only CPU and of an AVX-512 one, abridged: quant.kernel judges a
+# node's W4A16 kernel by them, so tests that serve W4A16 pin one rather than read this machine's.
+AVX2_FLAGS = ["avx", "avx2", "f16c", "fma", "sse4_2"]
+AVX512_FLAGS = sorted([*AVX2_FLAGS, "avx512bw", "avx512dq", "avx512f", "avx512vl"])
 TOKENIZER = {"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
              "added_tokens": []}
 TOKENIZER_CONFIG = {"bos_token": "<s>", "eos_token": "</s>", "model_max_length": 10**30}

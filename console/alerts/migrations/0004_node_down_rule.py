@@ -12,5 +12,5 @@ def forwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("alerts", "0003_scale_refused_rule"), ("fleet", "0002_node_agent")]
+    dependencies = [("alerts", "0003_scale_refused_rule"), ("fleet", "0003_node_agent")]
     operations = [migrations.RunPython(forwards, migrations.RunPython.noop)]

@@ -67,10 +67,21 @@ class Migration(migrations.Migration):
             field=models.ForeignKey(null=True, on_delete=django.db.models.deletion.PROTECT, related_name='workers', to='fleet.node'),
         ),
         migrations.RunPython(place_existing_workers_on_the_local_node, migrations.RunPython.noop),
-        migrations.AlterField(
-            model_name='workerplan',
-            name='node',
-            field=models.ForeignKey(default=console.fleet.services.local_node_id, on_delete=django.db.models.deletion.PROTECT, related_name='workers', to='fleet.node'),
+        # The default is the model's (local_node_id), but the database gets none: a default is
+        # only there to fill NULL rows, which the step above left none of, and computing it runs
+        # local_node_id against today's Node model while fleet's table is still as it was then
+        # (a fresh database failed on the first column added to Node after this migration).
+        migrations.SeparateDatabaseAndState(
+            database_operations=[migrations.AlterField(
+                model_name='workerplan',
+                name='node',
+                field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='workers', to='fleet.node'),
+            )],
+            state_operations=[migrations.AlterField(
+                model_name='workerplan',
+                name='node',
+                field=models.ForeignKey(default=console.fleet.services.local_node_id, on_delete=django.db.models.deletion.PROTECT, related_name='workers', to='fleet.node'),
+            )],
         ),
         migrations.AddField(
             model_name='workerplan',

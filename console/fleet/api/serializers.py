@@ -9,11 +9,13 @@ from rest_framework import serializers
 from console.fleet.discovery import connector_name
 from console.fleet.models import (
     GIB,
+    MAX_CPU_FLAGS,
     MAX_GPU_MEMORY_BYTES,
     MAX_NODE_MEMORY_BYTES,
     Gpu,
     Node,
     NodeAgent,
+    validate_cpu_flag,
 )
 from inference.kv_channels import CHANNEL_NAMES
 
@@ -64,6 +66,9 @@ class NodeSerializer(serializers.ModelSerializer):
     address = IPAddressField(help_text=Node._meta.get_field("address").help_text)
     cpu_count = serializers.IntegerField(min_value=1, max_value=4096)
     memory_gib = serializers.FloatField(min_value=0.1, max_value=MAX_NODE_MEMORY_BYTES / GIB)
+    cpu_flags = serializers.ListField(
+        child=serializers.CharField(validators=[validate_cpu_flag]), required=False,
+        max_length=MAX_CPU_FLAGS, help_text=Node._meta.get_field("cpu_flags").help_text)
     kv_connectors = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(connector_name(c) for c in CHANNEL_NAMES)),
         required=False,
@@ -73,9 +78,9 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "address", "is_local", "cpu_count", "cpu_ids", "memory_gib",
-                  "engine_package", "engine_version", "kv_connectors", "gpus", "discovered_at",
-                  "agent"]
+        fields = ["id", "name", "address", "is_local", "cpu_count", "cpu_ids", "cpu_flags",
+                  "memory_gib", "engine_package", "engine_version", "kv_connectors", "gpus",
+                  "discovered_at", "agent"]
         read_only_fields = ["is_local", "cpu_ids", "discovered_at", "agent"]
 
     def validate_gpus(self, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -91,6 +96,8 @@ class NodeSerializer(serializers.ModelSerializer):
             data["cpu_ids"] = list(range(data.pop("cpu_count")))
         if "memory_gib" in data:
             data["memory_bytes"] = to_bytes(data.pop("memory_gib"))
+        if "cpu_flags" in data:
+            data["cpu_flags"] = sorted(set(data["cpu_flags"]))
         if "gpus" in data:
             data["gpus"] = [
                 {**{k: v for k, v in gpu.items() if k != "memory_gib"},
