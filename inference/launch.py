@@ -47,6 +47,8 @@ class WorkerSpec:
     kv_storage_path: str | None = None
     side_channel_port: int | None = None
     host: str = "127.0.0.1"
+    # Its KV peers (prefill's decode, decode's prefill) run on other nodes.
+    remote_peers: bool = False
     cpu_cores: tuple[int, ...] = ()
     # The worker's GPUs on its machine, one tensor-parallel group (see parallel_args).
     gpu_indices: tuple[int, ...] = ()
@@ -218,7 +220,7 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
         )
         endpoint = ChannelEndpoint(
             role=spec.role, host=spec.host, side_channel_port=spec.side_channel_port,  # type: ignore[arg-type]
-            device="cuda" if spec.gpu_indices else "cpu",
+            device="cuda" if spec.gpu_indices else "cpu", remote_peers=spec.remote_peers,
         )
         config = channel.transfer_config(endpoint)
         if spec.role == "decode":

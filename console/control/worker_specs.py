@@ -89,6 +89,8 @@ def worker_spec(deployment: Deployment, worker: WorkerPlan,
         kv_storage_path=str(kv_storage_path(deployment, revision)),
         side_channel_port=worker.side_channel_port,
         host=worker.host,
+        remote_peers=any(peer.node_id != worker.node_id for peer in deployment.workers.all()
+                         if peer.role != worker.role),
         cpu_cores=worker.core_tuple(),
         gpu_indices=worker.gpu_tuple(),
         kv_cache_gib=deployment.kv_cache_gib,

@@ -59,6 +59,8 @@ class Heartbeat:
     pid: int
     hostname: str
     started_at: float
+    # The agent's clock when it wrote this: shown, never judged (clocks differ between hosts).
+    sent_at: float = 0.0
     processes: dict[str, str] = field(default_factory=dict)  # "deployment/slot" -> state
     devices: dict[str, Any] = field(default_factory=dict)
 
@@ -70,6 +72,7 @@ class Heartbeat:
         data = json.loads(raw)
         return cls(node=str(data["node"]), seq=int(data["seq"]), pid=int(data["pid"]),
                    hostname=str(data["hostname"]), started_at=float(data["started_at"]),
+                   sent_at=float(data.get("sent_at", 0.0)),
                    processes={str(k): str(v) for k, v in data.get("processes", {}).items()},
                    devices=dict(data.get("devices", {})))
 

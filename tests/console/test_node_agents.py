@@ -53,7 +53,7 @@ def edge(db: None) -> Iterator[Node]:
 
 def beat(node: Node, seq: int) -> Heartbeat:
     heartbeat = Heartbeat(node=node.name, seq=seq, pid=os.getpid(), hostname="test",
-                          started_at=0.0, processes={"d/decode-0": "ready"})
+                          started_at=0.0, sent_at=time.time(), processes={"d/decode-0": "ready"})
     agent_liveness.publish(redis.Redis.from_url(REDIS), heartbeat, GRACE_S)
     return heartbeat
 
@@ -228,7 +228,8 @@ def test_agent_refuses_an_unknown_node_the_consoles_own_and_no_redis(
 
 
 def test_agent_status_names_the_state_the_last_heartbeat_and_the_processes(
-        deployment: Deployment, edge: Node) -> None:
+        deployment: Deployment, edge: Node, settings: object) -> None:
+    settings.REDIS_URL = REDIS  # type: ignore[attr-defined]  # read where the agent writes
     out = io.StringIO()
     call_command("agent", "--node", edge.name, "--status", stdout=out)
     assert out.getvalue().splitlines() == [
@@ -241,5 +242,5 @@ def test_agent_status_names_the_state_the_last_heartbeat_and_the_processes(
     call_command("agent", "--node", edge.name, "--status", stdout=out)
     head, row = out.getvalue().splitlines()
     assert head.startswith(f"node {edge.name} (127.0.0.1): agent up since ")
-    assert f"from pid {os.getpid()} on test" in head
+    assert f"#4 from pid {os.getpid()} on test, 1 process(es)" in head
     assert row.split()[:5] == [deployment.name, "decode-0", "ready", "pid=4242", "127.0.0.1:8200"]

@@ -123,3 +123,17 @@ def test_the_launch_cli_takes_the_address() -> None:
     words = shlex.split(result.stdout)
     assert value_of(words, "--host") == "10.0.0.9"
     assert {"VLLM_HOST_IP=10.0.0.9", "VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.9"} <= set(words)
+
+
+def test_a_worker_whose_kv_peers_are_on_other_nodes_leaves_shared_memory_out() -> None:
+    """Shared memory reaches no other machine, and UCX would take it between nodes that share
+    a kernel (namespaces, containers): the KV would bypass the network the plan names."""
+    spec = WorkerSpec(role="decode", model_path="/m", served_model_name="m", port=8200,
+                      max_model_len=512, kv_channel="nixl", side_channel_port=5601)
+    _argv, same_node = build_command(spec)
+    assert same_node["UCX_TLS"] == "tcp,self,sm"
+    _argv, remote = build_command(WorkerSpec(**{**spec.__dict__, "remote_peers": True}))
+    assert remote["UCX_TLS"] == "tcp,self"
+    _argv, gpu = build_command(WorkerSpec(**{**spec.__dict__, "remote_peers": True,
+                                             "gpu_indices": (0,)}))
+    assert "sm" not in gpu["UCX_TLS"].split(",") and "cuda_ipc" not in gpu["UCX_TLS"]

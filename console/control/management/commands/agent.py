@@ -14,6 +14,7 @@ node adopts them, by pid and start time: never a duplicate, never an orphan.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import socket
@@ -26,7 +27,6 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
-from django.utils import timezone
 
 from console.audit.actors import acting_as
 from console.celery import app
@@ -118,13 +118,10 @@ class Command(BaseCommand):
         if agent is None:
             self.stdout.write(f"node {node.name} ({node.address}): no agent has run here")
         else:
-            seen = (f"{(timezone.now() - agent.seen_at).total_seconds():.1f} s ago"
-                    if agent.seen_at else "never")
-            beat = agent.heartbeat or {}
-            self.stdout.write(
-                f"node {node.name} ({node.address}): agent {agent.state} since "
-                f"{agent.state_since:%Y-%m-%d %H:%M:%S}, last heartbeat {seen}"
-                + (f" from pid {beat['pid']} on {beat['hostname']}" if beat else ""))
+            self.stdout.write(f"node {node.name} ({node.address}): agent {agent.state} since "
+                              f"{agent.state_since:%Y-%m-%d %H:%M:%S}, "
+                              f"{self._last_heartbeat(node, agent)}")
+
         rows = ManagedProcess.objects.filter(node=node).select_related("deployment")
         if not rows:
             self.stdout.write("no processes")
@@ -132,6 +129,25 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{row.owner_name:20} {row.slot:20} {row.state:9} pid={row.pid or '-':<7} "
                 f"{row.host}:{row.port or '-'} restarts={row.restarts} {row.last_error[:80]}")
+
+
+    @staticmethod
+    def _last_heartbeat(node: Node, agent: NodeAgent) -> str:
+        """The heartbeat in Redis as the agent wrote it, else the one the judge last stored."""
+        beat: Heartbeat | None = None
+        if settings.REDIS_URL:
+            try:
+                beat = agent_liveness.read_all(agent_liveness.redis_client(), [node.name]).get(
+                    node.name)
+            except redis.RedisError as exc:
+                return f"Redis unreachable ({exc}); judged {agent.state}"
+        if beat is None and agent.heartbeat:
+            beat = Heartbeat.from_json(json.dumps(agent.heartbeat))
+        if beat is None:
+            return "no heartbeat"
+        age = f"{max(0.0, time.time() - beat.sent_at):.1f} s ago" if beat.sent_at else "at an unknown time"
+        return (f"last heartbeat {age} (the agent's clock), #{beat.seq} from pid {beat.pid} on "
+                f"{beat.hostname}, {len(beat.processes)} process(es)")
 
 
 class SupervisorLoop:
@@ -185,7 +201,7 @@ class HeartbeatSender:
         rows = ManagedProcess.objects.filter(node=node).select_related("deployment")
         return Heartbeat(
             node=node.name, seq=self.seq, pid=os.getpid(), hostname=socket.gethostname(),
-            started_at=self.started_at,
+            started_at=self.started_at, sent_at=time.time(),
             processes={f"{r.owner_name}/{r.slot}": r.state for r in rows},
             devices={"cpus": len(node.cpu_ids), "memory_bytes": node.memory_bytes,
                      "gpus": node.gpus.count(), "engine": f"{node.engine_package} "
