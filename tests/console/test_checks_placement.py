@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from console.catalog.models import Variant
@@ -20,7 +21,7 @@ from console.checks.nixl import handshake_compat_enforced
 from console.checks.plan import PlanView
 from console.checks.suite import CHECKS, enforce_handshake_compat, run_checks
 from console.deployments.models import Deployment, WorkerPlan
-from console.fleet.models import Node
+from console.fleet.models import Node, NodeAgent
 from console.fleet.services import local_node
 from console.supervisor.models import ManagedProcess
 from tests.console.tiny_models import (
@@ -271,10 +272,25 @@ def test_node_agent_fails_for_workers_on_a_node_without_agent(plan: Deployment,
     plan.workers.filter(role="decode").update(node=remote)
     outcome = run(plan, "node.agent")
     assert outcome.status == "error"
-    assert "decode placed on node gpu-b" in outcome.results[0].message
+    assert "decode placed on node gpu-b, where no node agent has run" in outcome.results[0].message
+    assert "manage.py agent --node gpu-b" in outcome.results[0].hint
 
     plan.workers.filter(role="decode").update(node=local_node())
     assert run(plan, "node.agent").status == "pass"
+
+
+def test_node_agent_passes_once_the_nodes_agent_registered_and_warns_while_it_is_down(
+        plan: Deployment, remote: Node) -> None:
+    plan.workers.filter(role="decode").update(node=remote)
+    agent = NodeAgent.objects.create(node=remote, state="up", state_since=timezone.now(),
+                                     seen_at=timezone.now())
+    outcome = run(plan, "node.agent")
+    assert outcome.status == "pass", outcome.as_dict()
+    assert "gpu-b (agent up)" in outcome.summary
+    NodeAgent.objects.filter(pk=agent.pk).update(state="down")
+    outcome = run(plan, "node.agent")
+    assert outcome.status == "warning"
+    assert "decode placed on node gpu-b, whose agent is down" in outcome.results[0].message
 
 
 # ---- where checks run: on demand, before start -----------------------------------------------
