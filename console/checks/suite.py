@@ -17,6 +17,7 @@ from console.checks import (
     parallel,
     ports,
     quant,
+    reach,
     sampling,
     tools,
 )
@@ -47,6 +48,7 @@ CHECKS: tuple[Check, ...] = (
     memory.memory_fit,
     nixl.nixl_compat,
     nodes.node_agent,
+    reach.node_reach,
 )
 CHECK_IDS = tuple(c.id for c in CHECKS)
 

@@ -143,7 +143,9 @@ def test_each_worker_runs_tensor_parallel_on_its_own_gpus_at_its_nodes_address(
         assert env["CUDA_VISIBLE_DEVICES"] == gpus
         assert env["VLLM_HOST_IP"] == env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == host
         assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(worker.side_channel_port)
-        assert {"cuda_ipc", "rc", "tcp"} <= set(env["UCX_TLS"].split(","))
+        # KV peers on the other node: RDMA and TCP, not GPU or host memory sharing.
+        assert {"rc", "tcp"} <= set(env["UCX_TLS"].split(","))
+        assert not {"cuda_ipc", "sm"} & set(env["UCX_TLS"].split(","))
         # Built here, on neither node: which interface holds the address is the node's to say.
         assert "UCX_NET_DEVICES" not in env
         assert not {"VLLM_TARGET_DEVICE", "VLLM_CPU_KVCACHE_SPACE",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -28,11 +29,12 @@ from console.alerts.evaluation import Evaluator
 from console.alerts.models import Alert, AlertState, Fact
 from console.audit.models import AuditEntry
 from console.celery import app
-from console.control.agent_tasks import notify_agents, probe, queue_name
+from console.control.agent_tasks import notify_agents
 from console.control.daemon import Supervisor
 from console.control.worker_specs import ProcessSpec
 from console.deployments.models import Deployment
 from console.fleet import agent_liveness
+from console.fleet.agent_calls import listen, probe, queue_name
 from console.fleet.agent_liveness import Heartbeat, NodeMonitor, judge
 from console.fleet.models import Node, NodeAgent
 from console.supervisor.models import ManagedProcess
@@ -200,15 +202,19 @@ def test_a_start_messages_the_agents_of_the_nodes_it_runs_on(deployment: Deploym
         queue.close()
 
 
-def test_a_probe_tells_a_listening_port_from_a_closed_one() -> None:
-    port = free_port()
-    closed = probe.run("127.0.0.1", port, 1.0)
-    assert closed["ok"] is False and "refused" in str(closed["error"]).lower()
-    import socket
-
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        opened = probe.run("127.0.0.1", server.getsockname()[1], 1.0)
-    assert opened["ok"] is True and opened["error"] == ""
+def test_a_probe_reaches_ports_a_node_holds_open_for_a_while_and_not_after() -> None:
+    free, taken = free_port(), socket.create_server(("127.0.0.1", 0))
+    try:
+        answer = listen.run("127.0.0.1", [free, taken.getsockname()[1]], 1.0)
+        assert answer[str(free)] == ""
+        assert "in use" in answer[str(taken.getsockname()[1])]
+        opened = probe.run("127.0.0.1", free, 1.0)
+        assert opened["ok"] is True and opened["error"] == ""
+        time.sleep(1.5)  # the listener closes after its seconds
+        closed = probe.run("127.0.0.1", free, 1.0)
+        assert closed["ok"] is False and "refused" in str(closed["error"]).lower()
+    finally:
+        taken.close()
 
 
 # ---- the command ----------------------------------------------------------------------------

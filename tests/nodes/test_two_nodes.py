@@ -226,6 +226,12 @@ def test_a_start_runs_prefill_on_node_a_and_decode_on_node_b(two_nodes: TwoNodes
     assert created.status_code == 201, created.text
     body = created.json()
     assert body["checks"]["ok"], body["checks"]
+    reach = next(c for c in body["checks"]["checks"] if c["id"] == "node.reach")
+    # Probed by the agents: node-b's decode to node-a's side channel, the router to prefill.
+    assert reach["status"] == "pass", reach
+    assert "decode-0 on node-b reaches prefill-0:" in reach["summary"], reach
+    assert "the router on " in reach["summary"]
+    assert f"UCX tcp,self on {two_nodes.hosts['node-b'].interface}" in reach["summary"]
     two_nodes.deployment = body["id"]
     two_nodes.router = body["router_url"]
     clicked = time.monotonic()
@@ -321,3 +327,32 @@ def test_node_bs_supervisor_restarts_a_killed_decode(two_nodes: TwoNodes) -> Non
              == "ready", "the deployment ready again", 300, interval=1.0)
     assert two_nodes.chat(LONG_PROMPT) == two_nodes.chat(
         LONG_PROMPT, url=f"http://{two_nodes.hosts['node-b'].address}:{restarted['port']}")
+
+
+def test_a_planned_port_taken_on_the_other_node_is_found_by_its_agent(two_nodes: TwoNodes) -> None:
+    node_a = two_nodes.hosts["node-a"]
+    holder = node_a.popen([sys.executable, "-c", "import socket, sys, time; s = socket.create_server"
+                           f"(('{node_a.address}', 0)); print(s.getsockname()[1], flush=True); "
+                           "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        taken = int(holder.stdout.readline())
+        created = two_nodes.call("POST", "/api/v1/deployments/", json={
+            "name": "two-nodes-taken", "base_model": "tiny", "served_model_name": "taken",
+            "max_model_len": 2048, "longest_request": 2048, "kv_cache_gib": 1,
+            "dtype": "float32", "kv_channel": "nixl",
+            "prefill": {"variant": "tiny/fp32", "instances": [
+                {"node": "node-a", "cpu_cores": "0", "port": taken}]},
+            "decode": {"variant": "tiny/fp32", "instances": [
+                {"node": "node-b", "cpu_cores": "1", "port": free_port()}]},
+            "router": {"port": free_port()},
+        })
+        assert created.status_code == 201, created.text
+        reach = next(c for c in created.json()["checks"]["checks"] if c["id"] == "node.reach")
+        assert reach["status"] == "error", reach
+        assert any(f"port {taken} of prefill-0 is taken on node node-a" in r["message"]
+                   for r in reach["results"]), reach
+        two_nodes.call("DELETE", f"/api/v1/deployments/{created.json()['id']}/")
+    finally:
+        holder.kill()
+        holder.wait()

@@ -32,7 +32,7 @@ from console.audit.actors import acting_as
 from console.celery import app
 from console.control import agent_tasks
 from console.control.daemon import Supervisor
-from console.fleet import agent_liveness
+from console.fleet import agent_calls, agent_liveness
 from console.fleet.agent_liveness import Heartbeat
 from console.fleet.models import Node, NodeAgent
 from console.live.periodic import Periodic
@@ -80,14 +80,14 @@ class Command(BaseCommand):
         beats.start()
         loop = SupervisorLoop(supervisor)
         loop.start()
-        self.stdout.write(f"agent {node.name}: running, queue {agent_tasks.queue_name(node.name)}")
+        self.stdout.write(f"agent {node.name}: running, queue {agent_calls.queue_name(node.name)}")
         self.stdout.flush()
         try:
             # Fencing: Redis going away must not end the agent (Celery gives up after 100
             # retries otherwise); its supervisor goes on meanwhile.
             app.conf.broker_connection_max_retries = None
             worker = app.Worker(
-                queues=[agent_tasks.queue_name(node.name)], pool="solo", concurrency=1,
+                queues=[agent_calls.queue_name(node.name)], pool="solo", concurrency=1,
                 hostname=f"agent@{node.name}", loglevel="WARNING", quiet=True,
                 without_gossip=True, without_mingle=True)
             worker.start()
