@@ -225,8 +225,18 @@ class Supervisor(ProcessEngine):
         requested process belongs to no deployment's dashboard)."""
         # A copy: the tick adds and removes children while the collector iterates.
         children = self.children.copy()
-        return [ScrapeTarget(child.record_id, child.popen.pid) for child in children.values()
-                if child.stop_deadline is None and child.kind in ManagedProcess.PLANNED_KINDS]
+        targets = [ScrapeTarget(child.record_id, child.popen.pid) for child in children.values()
+                   if child.stop_deadline is None and child.kind in ManagedProcess.PLANNED_KINDS]
+        if self.is_agent:
+            return targets
+        # The console's collector scrapes the other nodes' workers too, over the network: a
+        # deployment's second is one snapshot of all its processes, wherever they run.
+        remote = ManagedProcess.objects.filter(
+            node__agent__isnull=False, kind__in=ManagedProcess.PLANNED_KINDS,
+            state__in=(State.STARTING, State.READY), pid__isnull=False,
+            deployment__desired_state=Deployment.DesiredState.RUNNING,
+        ).values_list("pk", "pid", "node__name")
+        return targets + [ScrapeTarget(pk, pid, node) for pk, pid, node in remote]
 
     def start_metrics_collector(self, interval_s: float = 1.0) -> None:
         """Scrape every child's /metrics, CPU and memory once a second, in a thread of its own."""

@@ -63,6 +63,8 @@ class Heartbeat:
     sent_at: float = 0.0
     processes: dict[str, str] = field(default_factory=dict)  # "deployment/slot" -> state
     devices: dict[str, Any] = field(default_factory=dict)
+    # Process row id -> {"cpu": % of one core, "rss": bytes} of each process and its children.
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -74,7 +76,8 @@ class Heartbeat:
                    hostname=str(data["hostname"]), started_at=float(data["started_at"]),
                    sent_at=float(data.get("sent_at", 0.0)),
                    processes={str(k): str(v) for k, v in data.get("processes", {}).items()},
-                   devices=dict(data.get("devices", {})))
+                   devices=dict(data.get("devices", {})),
+                   resources={str(k): dict(v) for k, v in data.get("resources", {}).items()})
 
 
 def publish(client: redis.Redis, heartbeat: Heartbeat, grace_s: float) -> None:

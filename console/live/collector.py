@@ -17,16 +17,18 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import psutil
+import redis
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from console.fleet import agent_liveness
 from console.live.broadcast import metric_messages, send_all
 from console.live.downsample import floor_minute, prune, roll_up
 from console.live.models import MetricSample, ProcessScrape
 from console.live.periodic import Periodic
+from console.live.resources import TreeUsage
 from console.supervisor.models import ManagedProcess
 from inference.prom_snapshot import Scrape, parse, process_stats
 
@@ -39,6 +41,9 @@ class ScrapeTarget:
 
     record_id: int
     pid: int
+    # Where it runs when not on this node: a node agent's node, whose heartbeat carries its
+    # CPU and memory (its pid means nothing here); its /metrics are scraped over the network.
+    node: str | None = None
 
 
 RAW_EVERY_S = 5.0
@@ -58,8 +63,8 @@ class MetricsCollector:
         self.raw_every_s = raw_every_s
         self.http = httpx.Client(timeout=timeout_s)
         self._previous: dict[int, _Previous] = {}
-        # psutil measures CPU between two calls on the same Process object, so they are kept.
-        self._processes: dict[tuple[int, float], psutil.Process] = {}
+        self._redis: redis.Redis | None = None
+        self._usage = TreeUsage()
         self._last_failure: dict[tuple[int, str, str], dict[str, str]] = {}
         self._maintained: datetime | None = None
         self._raw_stored: datetime | None = None
@@ -75,11 +80,12 @@ class MetricsCollector:
         texts: dict[int, str] = {}
         by_deployment: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
         ports: dict[int, dict[int, str]] = defaultdict(dict)
-        seen: set[tuple[int, float]] = set()
+        remote = self._remote_resources({t.node for t in targets.values() if t.node})
         for record in records:
-            pid = targets[record.pk].pid
+            target = targets[record.pk]
+            pid = target.pid
             entry: dict[str, Any] = {"role": record.role}
-            text = self._fetch(record.port)
+            text = self._fetch(record.url)
             if text is None:
                 entry["up"] = 0
                 self._previous.pop(record.pk, None)
@@ -87,11 +93,11 @@ class MetricsCollector:
                 entry["up"] = 1
                 texts[record.pk] = text
                 entry.update(self._stats(record.pk, pid, record.role, text))
-            entry.update(self._resources(pid, seen))
+            entry.update(self._usage.measure(pid) if target.node is None else
+                         remote.get(str(record.pk), {"cpu": None, "rss": None}))
             by_deployment[record.deployment_id][record.slot] = entry
             ports[record.deployment_id][record.port] = record.slot
-        for key in set(self._processes) - seen:
-            del self._processes[key]
+        self._usage.forget_unseen()
         for record_id in set(self._previous) - set(targets):
             del self._previous[record_id]
         for deployment_id, processes in by_deployment.items():
@@ -122,9 +128,9 @@ class MetricsCollector:
         self._loop.stop(timeout_s=10)
 
     # ---- helpers -------------------------------------------------------------------------
-    def _fetch(self, port: int) -> str | None:
+    def _fetch(self, url: str) -> str | None:
         try:
-            response = self.http.get(f"http://127.0.0.1:{port}/metrics")
+            response = self.http.get(f"{url}/metrics")
         except httpx.HTTPError:
             return None  # starting, stopping or hung: the snapshot says "up": 0
         return response.text if response.status_code == 200 else None
@@ -141,29 +147,18 @@ class MetricsCollector:
         self._previous[record_id] = _Previous(pid, current)
         return process_stats(role, before, current)
 
-    def _resources(self, pid: int, seen: set[tuple[int, float]]) -> dict[str, Any]:
-        """CPU (% of one core) and resident memory of the process and all its descendants.
-
-        The first reading of a process is 0 % CPU: psutil needs two to measure.
-        """
+    def _remote_resources(self, nodes: set[str]) -> dict[str, dict[str, Any]]:
+        """Process row id -> CPU and memory, from the heartbeats of the agents of ``nodes``."""
+        if not nodes or not settings.REDIS_URL:
+            return {}
         try:
-            leader = psutil.Process(pid)
-            tree = [leader, *leader.children(recursive=True)]
-        except psutil.Error:
-            return {"cpu": None, "rss": None}
-        cpu, rss = 0.0, 0
-        for found in tree:
-            try:
-                # The creation time tells a reused pid from the process measured before.
-                key = (found.pid, found.create_time())
-                process = self._processes.setdefault(key, found)
-                with process.oneshot():
-                    cpu += process.cpu_percent(None)
-                    rss += process.memory_info().rss
-            except psutil.Error:
-                continue  # exited between listing and reading
-            seen.add(key)
-        return {"cpu": round(cpu, 1), "rss": rss}
+            if self._redis is None:
+                self._redis = agent_liveness.redis_client()
+            beats = agent_liveness.read_all(self._redis, sorted(nodes))
+        except redis.RedisError as exc:
+            log.warning("no heartbeats to read other nodes' CPU and memory from: %s", exc)
+            return {}
+        return {key: value for beat in beats.values() for key, value in beat.resources.items()}
 
     def _annotate_handoffs(self, deployment_id: int, processes: dict[str, dict[str, Any]],
                            slots_by_port: dict[int, str], now: datetime) -> None:

@@ -37,6 +37,7 @@ from console.fleet import agent_liveness
 from console.fleet.agent_calls import listen, probe, queue_name
 from console.fleet.agent_liveness import Heartbeat, NodeMonitor, judge
 from console.fleet.models import Node, NodeAgent
+from console.live.collector import MetricsCollector, ScrapeTarget
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port
 
@@ -250,3 +251,20 @@ def test_agent_status_names_the_state_the_last_heartbeat_and_the_processes(
     assert head.startswith(f"node {edge.name} (127.0.0.1): agent up since ")
     assert f"#4 from pid {os.getpid()} on test, 1 process(es)" in head
     assert row.split()[:5] == [deployment.name, "decode-0", "ready", "pid=4242", "127.0.0.1:8200"]
+
+
+def test_the_consoles_collector_reads_another_nodes_cpu_and_memory_from_its_heartbeat(
+        deployment: Deployment, edge: Node, settings: object) -> None:
+    settings.REDIS_URL = REDIS  # type: ignore[attr-defined]
+    row = ManagedProcess.objects.create(
+        deployment=deployment, slot="decode-0", role="decode", node=edge, host="127.0.0.1",
+        port=free_port(), pid=1, state=ManagedProcess.State.READY, log_path="/dev/null")
+    heartbeat = Heartbeat(node=edge.name, seq=1, pid=os.getpid(), hostname="test",
+                          started_at=0.0, sent_at=time.time(),
+                          resources={str(row.pk): {"cpu": 12.5, "rss": 1234}})
+    agent_liveness.publish(redis.Redis.from_url(REDIS), heartbeat, GRACE_S)
+    # pid 1 is this machine's init: were the pid read here, its own CPU and memory would show.
+    collector = MetricsCollector(lambda: [ScrapeTarget(row.pk, 1, node=edge.name)])
+    [sample] = collector.collect_once()
+    entry = sample.data["processes"]["decode-0"]
+    assert (entry["cpu"], entry["rss"], entry["up"]) == (12.5, 1234, 0)

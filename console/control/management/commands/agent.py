@@ -36,6 +36,7 @@ from console.fleet import agent_calls, agent_liveness
 from console.fleet.agent_liveness import Heartbeat
 from console.fleet.models import Node, NodeAgent
 from console.live.periodic import Periodic
+from console.live.resources import TreeUsage
 from console.supervisor.models import ManagedProcess
 
 log = logging.getLogger("pdserve.agents")
@@ -75,8 +76,9 @@ class Command(BaseCommand):
                           "agent left (running workers adopted)")
         beats = HeartbeatSender(node, supervisor)
         beats.register()
+        # Metrics: the console's collector scrapes this node's workers over the network, and
+        # reads their CPU and memory from the heartbeat.
         supervisor.start_log_writer()
-        supervisor.start_metrics_collector()
         beats.start()
         loop = SupervisorLoop(supervisor)
         loop.start()
@@ -95,7 +97,6 @@ class Command(BaseCommand):
             loop.stop()
             beats.stop()
             # Workers are left running: the next agent on this node adopts them.
-            supervisor.stop_metrics_collector()
             supervisor.stop_log_writer()
             left = len(supervisor.children)
             self.stdout.write(f"agent {node.name}: stopped; {left} process(es) left running "
@@ -191,6 +192,7 @@ class HeartbeatSender:
         self.seq = 0
         self.started_at = time.time()
         self.failing = False
+        self.usage = TreeUsage()
         self.client = agent_liveness.redis_client()
         self._loop = Periodic("agent-heartbeat", settings.PDSERVE_AGENT_HEARTBEAT_S, self.beat,
                               log, "an agent heartbeat failed; retrying")
@@ -199,13 +201,17 @@ class HeartbeatSender:
         self.seq += 1
         node = Node.objects.get(pk=self.node.pk)
         rows = ManagedProcess.objects.filter(node=node).select_related("deployment")
+        children = self.supervisor.children.copy()  # the supervisor's thread changes it
+        resources = {str(c.record_id): self.usage.measure(c.popen.pid) for c in children.values()}
+        self.usage.forget_unseen()
         return Heartbeat(
             node=node.name, seq=self.seq, pid=os.getpid(), hostname=socket.gethostname(),
             started_at=self.started_at, sent_at=time.time(),
             processes={f"{r.owner_name}/{r.slot}": r.state for r in rows},
             devices={"cpus": len(node.cpu_ids), "memory_bytes": node.memory_bytes,
                      "gpus": node.gpus.count(), "engine": f"{node.engine_package} "
-                                                        f"{node.engine_version}".strip()})
+                                                        f"{node.engine_version}".strip()},
+            resources=resources)
 
     def register(self) -> None:
         heartbeat = self.heartbeat()
