@@ -112,6 +112,11 @@ class Command(BaseCommand):
         if node.is_local:
             raise CommandError(f"--node {name}: this is the console's own node, which "
                                "`manage.py supervise` runs")
+        # Plans are read against the console's node; an agent must never record this machine
+        # in its place (console/fleet/services.py records the local node where it is missing).
+        if Node.objects.local() is None:
+            raise CommandError("the console has not recorded its own node yet: start the "
+                               "console (`manage.py supervise` or `make up`) first")
         return node
 
     def _print_status(self, node: Node) -> None:
