@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class ConsoleApi:
@@ -20,3 +26,33 @@ class ConsoleApi:
     def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         with self.api() as client:
             return client.request(method, path, **kwargs)
+
+
+def spawn_console(env: dict[str, str], data_dir: Path, port: int
+                  ) -> dict[str, subprocess.Popen[bytes]]:
+    """The console's web process (uvicorn on 127.0.0.1:``port``) and its supervisor on ``env``'s
+    data directory and database, their output in ``console.log`` and ``supervisor.log``."""
+    return {
+        "console": subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
+             "--port", str(port), "--no-access-log", "--lifespan", "off"], cwd=REPO, env=env,
+            stdout=subprocess.DEVNULL, stderr=open(data_dir / "console.log", "ab")),  # noqa: SIM115
+        "supervisor": subprocess.Popen(
+            [sys.executable, "manage.py", "supervise"], cwd=REPO, env=env,
+            stdout=subprocess.DEVNULL, stderr=open(data_dir / "supervisor.log", "ab")),  # noqa: SIM115
+    }
+
+
+def admin_token(console: str, password: str, timeout_s: float = 60) -> str:
+    """An API token for ``admin``, once the console answers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            response = httpx.post(f"{console}/api/v1/auth/token/",
+                                  data={"username": "admin", "password": password})
+            response.raise_for_status()
+            return str(response.json()["token"])
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)

@@ -29,7 +29,7 @@ import pytest
 import redis
 
 from tests.console.sockets import free_port, wait_for
-from tests.console_api import ConsoleApi
+from tests.console_api import ConsoleApi, admin_token, spawn_console
 from tests.netns import Host, Hosts
 from tests.tiny_llama import build_tiny_llama
 
@@ -139,25 +139,9 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoNodes]:
         port = free_port()
         cluster = TwoNodes(hosts=hosts, data_dir=data_dir, env=env,
                            console=f"http://127.0.0.1:{port}")
-        cluster.processes["console"] = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--no-access-log", "--lifespan", "off"], cwd=REPO, env=env,
-            stdout=subprocess.DEVNULL, stderr=open(data_dir / "console.log", "ab"))  # noqa: SIM115
-        cluster.processes["supervisor"] = subprocess.Popen(
-            [sys.executable, "manage.py", "supervise"], cwd=REPO, env=env,
-            stdout=subprocess.DEVNULL, stderr=open(data_dir / "supervisor.log", "ab"))  # noqa: SIM115
+        cluster.processes.update(spawn_console(env, data_dir, port))
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    response = httpx.post(f"{cluster.console}/api/v1/auth/token/",
-                                          data={"username": "admin", "password": ADMIN_PASSWORD})
-                    break
-                except httpx.TransportError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.3)
-            cluster.token = response.json()["token"]
+            cluster.token = admin_token(cluster.console, ADMIN_PASSWORD)
             with cluster.api() as client:
                 client.post("/api/v1/models/", json={"name": "tiny"}).raise_for_status()
                 client.post("/api/v1/variants/", json={"base_model": "tiny", "name": "fp32",

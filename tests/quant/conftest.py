@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.console.sockets import free_port
-from tests.console_api import ConsoleApi
+from tests.console_api import ConsoleApi, admin_token, spawn_console
 from tests.tiny_llama import build_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,26 +110,10 @@ def quant_stack(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> I
                    cwd=REPO, env=env, check=True, capture_output=True)
     port = free_port()
     stack = QuantStack(data_dir=data_dir, env=env, console=f"http://127.0.0.1:{port}")
-    stack.processes["console"] = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log", "--lifespan", "off"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(data_dir / "console.log", "ab"))  # noqa: SIM115
-    stack.processes["supervisor"] = subprocess.Popen(
-        [sys.executable, "manage.py", "supervise"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-        stderr=open(data_dir / "supervisor.log", "ab"))  # noqa: SIM115
+    stack.processes.update(spawn_console(env, data_dir, port))
     stack.start_worker()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                response = httpx.post(f"{stack.console}/api/v1/auth/token/",
-                                      data={"username": "admin", "password": ADMIN_PASSWORD})
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
-        stack.token = response.json()["token"]
+        stack.token = admin_token(stack.console, ADMIN_PASSWORD)
         with stack.api() as client:
             client.post("/api/v1/models/", json={"name": "tiny"}).raise_for_status()
             client.post("/api/v1/variants/", json={"base_model": "tiny", "name": "bf16",
