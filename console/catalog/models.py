@@ -192,3 +192,34 @@ class QuantizationJob(models.Model):
         if self.smoothing_strength:
             parts.append(f"SmoothQuant {self.smoothing_strength:g}")
         return ", ".join(parts)
+
+
+class VariantCopy(models.Model):
+    """A variant's files as a node agent found them on its node: the model.path check's
+    answer for nodes other than the console's own (console/catalog/copies.py)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"  # asked of the node's agent
+        HASHING = "hashing"
+        VERIFIED = "verified"  # every weight file there, with the variant's sha256
+        DIFFERENT = "different"  # there, but not the same files
+        MISSING = "missing"  # no such directory, or a weight file absent
+        FAILED = "failed"  # could not be read
+
+    variant = models.ForeignKey(Variant, on_delete=models.CASCADE, related_name="copies")
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="variant_copies")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    sha256 = models.CharField(max_length=64, blank=True)
+    detail = models.CharField(max_length=500, blank=True)
+    bytes_done = models.BigIntegerField(default=0)
+    # The variant's inspection this copy was compared with: a new inspection asks again.
+    inspected_at = models.DateTimeField(null=True, blank=True)
+    requested_at = models.DateTimeField()
+    checked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["variant", "node"],
+                                               name="variant_copy_unique_node")]
+
+    def __str__(self) -> str:
+        return f"{self.variant} on {self.node}: {self.state}"

@@ -6,11 +6,13 @@ import os
 from itertools import combinations
 from pathlib import Path
 
-from console.catalog.models import Variant
+from console.catalog.copies import request_verification
+from console.catalog.models import Variant, VariantCopy
 from console.catalog.services import changed_weight_files
 from console.checks.base import Finding, Verdict, check, error, warning
 from console.checks.plan import PlanView, who
 from console.deployments.models import WorkerPlan
+from console.fleet.models import Node, NodeAgent
 
 
 @check("model.same_base", "prefill and decode variants derive from one base model")
@@ -76,14 +78,45 @@ def path(plan: PlanView) -> Verdict:
                        if (w.variant_id, w.node_id) == key], plan)
         places.append(f"{readers}: {variant.path} on {node.name} ({variant.hash_status})")
         if not plan.is_local(node):
-            findings.append(warning(
-                f"{readers} read {variant.path} on node {node.name}, which pdserve cannot "
-                "inspect from here (node agents come later)",
-                f"make sure {node.name} holds the same files: sha256 of the weights "
-                f"{variant.weights_sha256 or '(not computed yet)'}"))
+            finding, place = _remote_copy(variant, node, readers)
+            places[-1] = f"{readers}: {variant.path} on {node.name} ({place})"
+            findings += [finding] if finding is not None else []
             continue
         findings += _local_directory(variant, readers)
     return Verdict(findings, "; ".join(places))
+
+
+def _remote_copy(variant: Variant, node: Node, readers: str) -> tuple[Finding | None, str]:
+    """The variant's files on another node, as its agent verified them (console/catalog/
+    copies.py); asked of the agent when there is no answer for the current inspection."""
+    same = (f"make sure {node.name} holds the same files: sha256 of the weights "
+            f"{variant.weights_sha256 or '(not computed yet)'}")
+    agent = NodeAgent.objects.filter(node=node).first()
+    if agent is None or agent.state != NodeAgent.State.UP:
+        return warning(f"{readers} read {variant.path} on node {node.name}, which no agent up "
+                       "there can verify now", same), "not verified"
+    if not variant.inspected:
+        return error(f"{variant} at {variant.path} has not been inspected where the console "
+                     "runs: nothing to compare node copies with",
+                     f"inspect it: POST /api/v1/variants/{variant.pk}/inspect"), "not inspected"
+    copy = request_verification(variant, node)
+    state = VariantCopy.State
+    if copy.state in (state.PENDING, state.HASHING):
+        total = max(1, variant.weight_bytes)
+        return warning(f"{readers}: node {node.name}'s agent is verifying {variant.path} "
+                       f"({copy.state}, {100 * copy.bytes_done // total}%)",
+                       "check again once it is done (the files are hashed there)"), copy.state
+    if copy.state == state.VERIFIED and variant.weights_sha256 and \
+            copy.sha256 != variant.weights_sha256:
+        return error(f"{readers}: {variant.path} on node {node.name} holds other weights (sha256 "
+                     f"{copy.sha256[:12]}… there, {variant.weights_sha256[:12]}… where "
+                     "inspected)", same), "different"
+    if copy.state == state.VERIFIED:
+        return None, f"verified by its agent, sha256 {copy.sha256[:12]}…"
+    if copy.state == state.FAILED:
+        return warning(f"{readers}: node {node.name} could not verify {variant.path}: "
+                       f"{copy.detail}", same), "not verified"
+    return error(f"{readers}: {variant.path} on node {node.name}: {copy.detail}", same), copy.state
 
 
 def _local_directory(variant: Variant, readers: str) -> list[Finding]:

@@ -29,6 +29,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from console.audit.actors import acting_as
+from console.catalog import copies  # noqa: F401 - registers the agent's verification task
 from console.celery import app
 from console.control import agent_tasks
 from console.control.daemon import Supervisor
