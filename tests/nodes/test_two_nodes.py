@@ -237,6 +237,19 @@ def test_a_start_runs_prefill_on_node_a_and_decode_on_node_b(two_nodes: TwoNodes
     assert netns_of(two_nodes.process("router")["pid"]) == ""  # the console's own node
 
 
+def test_each_nodes_agent_verified_the_model_files_there(two_nodes: TwoNodes) -> None:
+    def model_path() -> dict[str, Any]:
+        report = two_nodes.call("POST", f"/api/v1/deployments/{two_nodes.deployment}/check")
+        assert report.status_code == 200, report.text
+        return next(c for c in report.json()["checks"] if c["id"] == "model.path")
+
+    wait_for(lambda: model_path()["status"] == "pass", "model.path verified on both nodes", 60,
+             interval=1.0)
+    summary = model_path()["summary"]
+    assert "on node-a (verified by its agent, sha256 " in summary, summary
+    assert "on node-b (verified by its agent, sha256 " in summary, summary
+
+
 def test_the_output_equals_a_single_servers_and_the_kv_crossed_the_veth(
         two_nodes: TwoNodes) -> None:
     node_b = two_nodes.hosts["node-b"]
