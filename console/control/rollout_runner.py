@@ -416,9 +416,12 @@ class RolloutRunner(RouterGroups, InPlace):
 
     @staticmethod
     def _green_states(rollout: Rollout) -> dict[str, str]:
-        suffix = f"@r{rollout.green.number}"
+        # This rollout's green slots only: rows of an earlier life of the same revision number
+        # keep its suffix (a rollback to r1 after r2 took over finds r1's old blue rows, an
+        # instance the autoscaler had added among them, stopped for good).
+        slots = [f"{slot}@r{rollout.green.number}" for slot in rollout.green_ports]
         return dict(ManagedProcess.objects.filter(
-            deployment=rollout.deployment_id, slot__endswith=suffix).values_list("slot", "state"))
+            deployment=rollout.deployment_id, slot__in=slots).values_list("slot", "state"))
 
     def stop(self) -> None:
         self.stopping.set()

@@ -100,6 +100,18 @@ def test_a_new_runner_takes_a_stored_rollout_to_the_end_and_the_plan_becomes_gre
     assert revisions.ensure_live(deployment).number == 2
 
 
+def test_stopped_rows_of_an_earlier_life_of_the_green_revision_do_not_hold_it_back(
+        rollout: Rollout) -> None:
+    """Rolling back to r1 after r2 took over finds r1's old blue rows, renamed to @r1 when r2
+    took their slots, among them an instance the autoscaler had added: stopped for good. The
+    last CI's live rollback waited 600 s on one of them."""
+    ManagedProcess.objects.create(deployment=rollout.deployment, slot="decode-1@r2",
+                                  role="decode", port=free_port(),
+                                  state=ManagedProcess.State.STOPPED, log_path="/dev/null")
+    _green_ready(rollout)
+    assert _step(rollout).state == State.STEPPING
+
+
 def test_a_green_that_does_not_start_in_time_is_rolled_back(rollout: Rollout) -> None:
     Rollout.objects.filter(pk=rollout.pk).update(
         state_since=timezone.now() - timedelta(seconds=rollout.start_timeout_s + 1))
