@@ -12,9 +12,10 @@ import hashlib
 import logging
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
@@ -28,6 +29,8 @@ from console.fleet.models import Node
 log = logging.getLogger("pdserve.agents")
 
 State = VariantCopy.State
+# A request no agent has taken up in this long is sent again (a lost message, a queue purged).
+ASK_AGAIN_AFTER_S = 60
 
 
 def request_verification(variant: Variant, node: Node) -> VariantCopy:
@@ -36,19 +39,25 @@ def request_verification(variant: Variant, node: Node) -> VariantCopy:
     copy, created = VariantCopy.objects.get_or_create(
         variant=variant, node=node,
         defaults={"requested_at": timezone.now(), "inspected_at": variant.inspected_at})
-    if not created and copy.inspected_at == variant.inspected_at:
+    unanswered = (copy.state == State.PENDING
+                  and timezone.now() - copy.requested_at > timedelta(seconds=ASK_AGAIN_AFTER_S))
+    if not created and copy.inspected_at == variant.inspected_at and not unanswered:
         return copy
     VariantCopy.objects.filter(pk=copy.pk).update(
         state=State.PENDING, sha256="", detail="", bytes_done=0, checked_at=None,
         inspected_at=variant.inspected_at, requested_at=timezone.now())
     copy.refresh_from_db()
+    # Once the row is there for the agent to read: a check may run inside a transaction.
+    transaction.on_commit(lambda: _ask(copy, node))
+    return copy
+
+
+def _ask(copy: VariantCopy, node: Node) -> None:
     try:
         verify_copy.apply_async(args=[copy.pk], queue=queue_name(node.name))
     except OperationalError as exc:
         VariantCopy.objects.filter(pk=copy.pk).update(
             state=State.FAILED, detail=f"could not ask node {node.name}'s agent: {exc}"[:500])
-        copy.refresh_from_db()
-    return copy
 
 
 @app.task(name="agent.verify_copy", ignore_result=True)

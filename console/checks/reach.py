@@ -22,8 +22,9 @@ from console.fleet.agent_calls import AgentSilent
 from console.fleet.models import Node, NodeAgent
 from inference.kv_channels import UCX_REMOTE_TRANSPORTS
 
-# Long enough for every prober to connect after the listener answered.
-LISTEN_S = 10.0
+# Long enough for every prober to connect after the listener answered (each probe is one
+# round trip through Redis, milliseconds).
+LISTEN_S = 5.0
 
 
 class _Nodes:

@@ -24,6 +24,12 @@ from inference.net_devices import rdma_ports, ucx_net_devices
 ANSWER_TIMEOUT_S = 5.0
 
 
+# The ports this agent listens on for a check, so that a second check meanwhile (a save, then
+# a start) finds them its own rather than taken.
+_HELD: dict[tuple[str, int], socket.socket] = {}
+_HELD_LOCK = threading.Lock()
+
+
 class AgentSilent(Exception):
     """The node's agent did not answer in time, or its queue could not be written."""
 
@@ -61,19 +67,29 @@ def listen(host: str, ports: list[int], seconds: float) -> dict[str, str]:
     """Listen on ``host`` at each of ``ports`` for ``seconds`` (in a thread: the agent's one
     worker slot is free again at once), so another node can probe them before the workers
     that will hold them exist. Returns port -> "" when listening, else why not."""
-    sockets: list[socket.socket] = []
+    sockets: list[tuple[tuple[str, int], socket.socket]] = []
     answer: dict[str, str] = {}
     for port in ports:
+        with _HELD_LOCK:
+            if (host, port) in _HELD:  # an earlier check's listener: this node's own
+                answer[str(port)] = ""
+                continue
         try:
-            sockets.append(socket.create_server((host, port)))
-            answer[str(port)] = ""
+            sock = socket.create_server((host, port))
         except OSError as exc:
             answer[str(port)] = exc.strerror or str(exc)
+            continue
+        with _HELD_LOCK:
+            _HELD[(host, port)] = sock
+        sockets.append(((host, port), sock))
+        answer[str(port)] = ""
 
     def close_later() -> None:
         time.sleep(seconds)
-        for sock in sockets:
-            sock.close()
+        with _HELD_LOCK:
+            for key, sock in sockets:
+                sock.close()
+                _HELD.pop(key, None)
 
     threading.Thread(target=close_later, name="agent-listen", daemon=True).start()
     return answer

@@ -209,6 +209,8 @@ def test_a_probe_reaches_ports_a_node_holds_open_for_a_while_and_not_after() -> 
         answer = listen.run("127.0.0.1", [free, taken.getsockname()[1]], 1.0)
         assert answer[str(free)] == ""
         assert "in use" in answer[str(taken.getsockname()[1])]
+        # A second check meanwhile (a save, then a start) finds the port this node's own.
+        assert listen.run("127.0.0.1", [free], 1.0) == {str(free): ""}
         opened = probe.run("127.0.0.1", free, 1.0)
         assert opened["ok"] is True and opened["error"] == ""
         time.sleep(1.5)  # the listener closes after its seconds

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -53,10 +54,12 @@ def queued_copy_ids(node: Node) -> list[int]:
         return ids
 
 
-def test_a_node_copy_is_verified_by_its_agent_and_model_path_says_so(plan: Deployment,
-                                                                     edge: Node) -> None:
+def test_a_node_copy_is_verified_by_its_agent_and_model_path_says_so(
+        plan: Deployment, edge: Node, django_capture_on_commit_callbacks: Any) -> None:
     plan.workers.filter(role="decode").update(node=edge)
-    outcome = run(plan, "model.path")
+    # Asked once the check's transaction commits: the agent must find the row.
+    with django_capture_on_commit_callbacks(execute=True):
+        outcome = run(plan, "model.path")
     assert outcome.status == "warning"
     assert f"node {edge.name}'s agent is verifying" in outcome.results[0].message
     [copy_id] = queued_copy_ids(edge)
@@ -75,11 +78,13 @@ def test_a_node_copy_is_verified_by_its_agent_and_model_path_says_so(plan: Deplo
     assert "holds other weights" in outcome.results[0].message
 
 
-def test_a_copy_missing_a_file_or_of_another_size_is_an_error(plan: Deployment, edge: Node,
-                                                              tmp_path: Path) -> None:
+def test_a_copy_missing_a_file_or_of_another_size_is_an_error(
+        plan: Deployment, edge: Node, tmp_path: Path,
+        django_capture_on_commit_callbacks: Any) -> None:
     plan.workers.filter(role="decode").update(node=edge)
     variant = plan.workers.get(role="decode").variant
-    copy = request_verification(variant, edge)
+    with django_capture_on_commit_callbacks(execute=True):
+        copy = request_verification(variant, edge)
     weights = Path(variant.path) / variant.weight_files[0]["name"]
     moved = tmp_path / "moved"
     shutil.move(weights, moved)
@@ -95,7 +100,8 @@ def test_a_copy_missing_a_file_or_of_another_size_is_an_error(plan: Deployment, 
     with weights.open("ab") as handle:
         handle.write(b"\0" * 8)
     reinspect(variant)
-    run(plan, "model.path")
+    with django_capture_on_commit_callbacks(execute=True):
+        run(plan, "model.path")
     # Asked twice: for the first inspection, and for this one.
     assert queued_copy_ids(edge) == [copy.pk, copy.pk]
     Variant.objects.filter(pk=variant.pk).update(weights_sha256="f" * 64)

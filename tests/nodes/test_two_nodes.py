@@ -28,6 +28,8 @@ import psycopg
 import pytest
 import redis
 
+from inference.router.handoff import NIXL_PREFILL_PARAMS
+from inference.router.upstream import prompt_token_ids
 from tests.console.sockets import free_port, wait_for
 from tests.console_api import ConsoleApi, admin_token, spawn_console
 from tests.netns import Host, Hosts
@@ -312,9 +314,28 @@ def test_a_restarted_agent_adopts_its_running_decode(two_nodes: TwoNodes) -> Non
     assert two_nodes.chat("and now?") != ""
 
 
-def test_node_bs_supervisor_restarts_a_killed_decode(two_nodes: TwoNodes) -> None:
+def test_node_bs_supervisor_restarts_a_killed_decode_and_a_stale_announcement_fails_cleanly(
+        two_nodes: TwoNodes) -> None:
+    """B's supervisor restarts a SIGKILLed decode in node-b. Meanwhile prefill holds blocks
+    announced for the dead decode engine, the failure class of vLLM issue #49238: the router
+    takes decode out at once and warms the new pair, the stale announcement fails cleanly on the
+    new decode (it stays healthy), and real hand-offs go through again."""
     decode = two_nodes.process("decode-0")
+    prefill = two_nodes.process("prefill-0")
+    prefill_url = f"http://{two_nodes.hosts['node-a'].address}:{prefill['port']}"
+    # What the router's first call does: prefill keeps the KV for a remote decode (its lease).
+    held = httpx.post(f"{prefill_url}/v1/completions", timeout=120, json={
+        "model": NAME, "prompt": LONG_PROMPT, "max_tokens": 1, "stream": False,
+        "return_token_ids": True, "kv_transfer_params": dict(NIXL_PREFILL_PARAMS)})
+    assert held.status_code == 200, held.text
+    announced = held.json()["kv_transfer_params"]
+    assert announced["remote_block_ids"], announced
+
     os.killpg(decode["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    while httpx.get(f"{two_nodes.router}/health", timeout=5).json()["roles"]["decode"]["ready"]:
+        assert time.monotonic() - killed < 5, "the router still counts the killed decode ready"
+        time.sleep(0.05)
     wait_for(lambda: two_nodes.process("decode-0")["pid"] not in (None, decode["pid"]),
              "decode-0 started again", 60, interval=0.5)
     restarted = two_nodes.process("decode-0")
@@ -322,8 +343,17 @@ def test_node_bs_supervisor_restarts_a_killed_decode(two_nodes: TwoNodes) -> Non
     assert restarted["restarts"] == decode["restarts"] + 1
     wait_for(lambda: two_nodes.get(f"/api/v1/deployments/{two_nodes.deployment}/")["state"]
              == "ready", "the deployment ready again", 300, interval=1.0)
-    assert two_nodes.chat(LONG_PROMPT) == two_nodes.chat(
-        LONG_PROMPT, url=f"http://{two_nodes.hosts['node-b'].address}:{restarted['port']}")
+    two_nodes.report["SIGKILL decode -> serving again (s)"] = round(time.monotonic() - killed, 1)
+
+    decode_url = f"http://{two_nodes.hosts['node-b'].address}:{restarted['port']}"
+    # (Decode's prompt must be exactly prefill's tokens: a longer one kills a NIXL decode.)
+    prompt = prompt_token_ids("completions", held.json())
+    assert prompt, held.json()
+    stale = httpx.post(f"{decode_url}/v1/completions", timeout=120, json={
+        "model": NAME, "prompt": prompt, "max_tokens": 4, "kv_transfer_params": announced})
+    assert stale.status_code in (200, 500), stale.text
+    assert httpx.get(f"{decode_url}/health", timeout=10).status_code == 200
+    assert two_nodes.chat(LONG_PROMPT) == two_nodes.chat(LONG_PROMPT, url=decode_url)
 
 
 def test_a_planned_port_taken_on_the_other_node_is_found_by_its_agent(two_nodes: TwoNodes) -> None:
