@@ -2,7 +2,8 @@
 over TCP on loopback), started from pdserve's launch specs, behind pdserve's router.
 
 Runs after the default deployment's tests (file order): it needs those cores to itself, since
-NIXL's progress thread busy-polls about one core per idle worker."""
+NIXL's progress thread busy-polls about one core per idle worker. A decode restarted while
+prefill holds its KV is tests/nodes/test_two_nodes.py's, across two nodes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,6 @@ import psutil
 import pytest
 
 from inference.launch import WorkerSpec, build_command
-from inference.router.handoff import NIXL_PREFILL_PARAMS
-from inference.router.upstream import prompt_token_ids
 from tests.console.sockets import free_port
 from tests.e2e.conftest import START_TIMEOUT_S, Stack, _wait_http
 from tests.e2e.stale_prefill import StaleHandoffPrefill
@@ -44,8 +43,6 @@ class NixlPair:
     pids: tuple[int, ...]
     # Prefill's, then decode's.
     side_channel_ports: tuple[int, int]
-    # Starts a decode worker again on the same ports (the teardown stops it with the others).
-    respawn_decode: Callable[[], subprocess.Popen[bytes]]
     # The router's /health the first time it said "ok" (later ones may show a pair warmed
     # again: a worker that missed probes under load leaves rotation and is warmed on return).
     first_ok_health: dict[str, Any] = field(default_factory=dict)
@@ -106,8 +103,7 @@ def nixl_pair(stack: Stack, model_dir: Path, tmp_path_factory: pytest.TempPathFa
         stdout=router_log, stderr=subprocess.STDOUT, start_new_session=True))
     pair = NixlPair(router=f"http://127.0.0.1:{router_port}",
                     decode=f"http://127.0.0.1:{decode_port}", logs=logs, pids=tuple(p.pid for p in processes),
-                    side_channel_ports=(prefill_side, decode_side),
-                    respawn_decode=lambda: spawn("decode"))
+                    side_channel_ports=(prefill_side, decode_side))
     try:
         for port, process in ((prefill_port, processes[0]), (decode_port, processes[1])):
             _wait_http(f"http://127.0.0.1:{port}/health", START_TIMEOUT_S, process)
@@ -216,62 +212,6 @@ def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
     ok = httpx.post(f"{router}/v1/completions", timeout=300,
                     json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
     assert ok.status_code == 200, f"{ok.text}\n{_worker_trouble(logs)}"
-
-
-def test_a_decode_restarted_while_prefill_holds_its_kv_is_detected_and_the_pair_works_after(
-        nixl_pair: NixlPair) -> None:
-    """The failure class of vLLM issue #49238: prefill holds blocks announced for a decode
-    engine that dies and comes back as a new engine on the same ports. The router takes decode
-    out at once and warms the new pair; the stale announcement fails cleanly on the new decode
-    (it stays healthy) and real hand-offs go through again. Last in the file: it restarts decode."""
-    router, logs = nixl_pair.router, nixl_pair.logs
-    health = httpx.get(f"{router}/health", timeout=10).json()
-    prefill_url = health["roles"]["prefill"]["backends"][0]["url"]
-    # What the router's first call does: prefill keeps the KV for a remote decode (its lease).
-    held = httpx.post(f"{prefill_url}/v1/completions", timeout=120, json={
-        "model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 1, "stream": False,
-        "return_token_ids": True, "kv_transfer_params": dict(NIXL_PREFILL_PARAMS)})
-    assert held.status_code == 200, held.text
-    announced = held.json()["kv_transfer_params"]
-    assert announced["remote_block_ids"], announced
-
-    os.killpg(nixl_pair.pids[1], signal.SIGKILL)  # prefill, decode, router
-    killed = time.monotonic()
-    while httpx.get(f"{router}/health", timeout=5).json()["roles"]["decode"]["ready"]:
-        assert time.monotonic() - killed < 5, "the router still counts the killed decode ready"
-        time.sleep(0.05)
-    print(f"\nNIXL decode SIGKILLed: out of the router's rotation after "
-          f"{time.monotonic() - killed:.2f} s")
-
-    decode = nixl_pair.respawn_decode()
-    _wait_http(f"{nixl_pair.decode}/health", START_TIMEOUT_S, decode)
-    # The router warms the new pair before it reports healthy again (a new engine: a new
-    # handshake over prefill's side channel).
-    _wait_router_ok(router, 300)
-    print(f"NIXL pair serving again {time.monotonic() - killed:.1f} s after the kill")
-
-    # The announcement made for the dead engine, given to the new one: a clear failure (or
-    # vLLM's recompute), never a dead decode.
-    # (Decode's prompt must be exactly prefill's tokens: a longer one kills a NIXL decode.)
-    prompt = prompt_token_ids("completions", held.json())
-    assert prompt, held.json()
-    stale = httpx.post(f"{nixl_pair.decode}/v1/completions", timeout=120, json={
-        "model": "smollm2", "prompt": prompt, "max_tokens": 4, "kv_transfer_params": announced})
-    assert stale.status_code in (200, 500), stale.text
-    assert httpx.get(f"{nixl_pair.decode}/health", timeout=10).status_code == 200
-    handed_over = _handoffs_ok(router)
-    for _ in range(2):
-        ok = httpx.post(f"{router}/v1/completions", timeout=300,
-                        json={"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 8})
-        assert ok.status_code == 200, f"{ok.text}\n{_worker_trouble(logs)}"
-    assert _handoffs_ok(router) == handed_over + 2
-
-
-def _handoffs_ok(router: str) -> float:
-    """KV hand-offs the router saw succeed (pdserve_router_kv_handoffs_total{outcome="ok"})."""
-    return sum(float(line.rsplit(" ", 1)[1])
-               for line in httpx.get(f"{router}/metrics", timeout=10).text.splitlines()
-               if line.startswith("pdserve_router_kv_handoffs_total{") and 'outcome="ok"' in line)
 
 
 def _wait_router_ok(router: str, timeout_s: float,
