@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from console.audit.entries import delete_recorded, record, snapshot
@@ -16,12 +16,18 @@ from console.fleet.models import Gpu, Node, NodeAgent
 LOCAL_FACTS_MAX_AGE = timedelta(seconds=60)
 
 
-@transaction.atomic
 def record_local_node(facts: NodeFacts) -> Node:
-    node = Node.objects.select_for_update().filter(is_local=True).first()
-    if node is None:
-        node = Node(is_local=True, name=_free_name(facts.name), address="127.0.0.1")
-    return _write_facts(node, facts)
+    try:
+        with transaction.atomic():
+            node = Node.objects.select_for_update().filter(is_local=True).first()
+            if node is None:
+                node = Node(is_local=True, name=_free_name(facts.name), address="127.0.0.1")
+            return _write_facts(node, facts)
+    except IntegrityError:
+        # Another process (the web process, the supervisor) recorded it between this one's
+        # read and insert; there is nothing to lock before the row exists. Theirs stands.
+        with transaction.atomic():
+            return _write_facts(Node.objects.select_for_update().get(is_local=True), facts)
 
 
 @transaction.atomic

@@ -205,3 +205,4 @@ def test_a_deployment_page_and_the_plan_form_rediscover_nothing(owner: User, tmp
     assert client.get(f"/deployments/{deployment.name}/").status_code == 200
     assert client.get("/deployments/new/").status_code == 200
     assert list(Node.objects.values()) == before
+
