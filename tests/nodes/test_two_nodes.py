@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from inference.router.handoff import NIXL_PREFILL_PARAMS
 from inference.router.upstream import prompt_token_ids
 from tests.console.sockets import free_port, wait_for
 from tests.console_api import ConsoleApi, admin_token, spawn_console
+from tests.e2e.stale_prefill import StaleHandoffPrefill
 from tests.netns import Host, Hosts
 from tests.tiny_llama import build_tiny_llama
 
@@ -271,6 +273,81 @@ def test_the_output_equals_a_single_servers_and_the_kv_crossed_the_veth(
     two_nodes.report["KV bytes of the prompt"] = kv_bytes
     two_nodes.report["bytes node-b received during the PD request"] = received
     assert received >= 0.9 * kv_bytes, (received, kv_bytes)
+
+
+def test_the_router_warmed_the_cross_node_pair_before_it_reported_healthy(
+        two_nodes: TwoNodes) -> None:
+    health = httpx.get(f"{two_nodes.router}/health", timeout=10).json()
+    decode_url = f"http://{two_nodes.hosts['node-b'].address}:{two_nodes.process('decode-0')['port']}"
+    [pair] = health["kv_warmup"]
+    assert pair["state"] == "warm" and pair["decode"] == decode_url, health
+
+
+def test_each_node_listens_on_its_own_address_and_loopback_only(two_nodes: TwoNodes) -> None:
+    """Workers, NIXL's side channels and UCX bind the node's address, never every address."""
+    for host in two_nodes.hosts:
+        listening = host.run(["ss", "-Htuln"]).stdout.split("\n")
+        addresses = {line.split()[4].rsplit(":", 1)[0].strip("[]") for line in listening
+                     if line.strip()}
+        assert addresses, f"nothing listens in {host.name}"
+        assert addresses <= {host.address, "127.0.0.1", "::1"}, (host.name, listening)
+    side = two_nodes.get(f"/api/v1/deployments/{two_nodes.deployment}/")["workers"]
+    node_a = two_nodes.hosts["node-a"]
+    prefill_side = next(w["side_channel_port"] for w in side if w["slot"] == "prefill-0")
+    assert node_a.listening(prefill_side), "prefill's NIXL side channel is not on node-a"
+
+
+def test_chat_streams_through_the_router_across_nodes(two_nodes: TwoNodes) -> None:
+    with httpx.stream("POST", f"{two_nodes.router}/v1/chat/completions", timeout=300, json={
+            "model": NAME, "stream": True, "max_tokens": 16,
+            "messages": [{"role": "user", "content": LONG_PROMPT}]}) as response:
+        assert response.status_code == 200
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert not any('"error"' in event for event in events)
+
+
+def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
+        two_nodes: TwoNodes) -> None:
+    """A stand-in prefill announces blocks at an address node-b cannot load them from."""
+    decode_url = f"http://{two_nodes.hosts['node-b'].address}:{two_nodes.process('decode-0')['port']}"
+    model = two_nodes.data_dir / "tiny"
+    stub_port, router_port = free_port(), free_port()
+    stub = StaleHandoffPrefill(stub_port, model, side_port=free_port())
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    log = open(two_nodes.data_dir / "stale-router.log", "wb")  # noqa: SIM115 - closed below
+    stale_router = subprocess.Popen(
+        [sys.executable, "-m", "inference.router", "--served-model-name", NAME,
+         "--tokenizer", str(model), "--max-model-len", "2048", "--kv-channel", "nixl",
+         "--port", str(router_port), "--prefill", f"http://127.0.0.1:{stub_port}",
+         "--decode", decode_url], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        def ok() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{router_port}/health",
+                                 timeout=5).json().get("status") == "ok"
+            except (httpx.HTTPError, ValueError):
+                return False
+
+        wait_for(ok, "the stale router ok", 120, interval=0.5)
+        started = time.monotonic()
+        response = httpx.post(f"http://127.0.0.1:{router_port}/v1/completions", timeout=120,
+                              json={"model": NAME, "prompt": LONG_PROMPT, "max_tokens": 8})
+        assert response.status_code == 502, response.text
+        error = response.json()["error"]
+        assert error["code"] == "kv_handoff_failed"
+        assert f"127.0.0.1:{stub_port}" in error["message"]
+        assert time.monotonic() - started < 60
+    finally:
+        os.killpg(stale_router.pid, signal.SIGKILL)
+        stale_router.wait()
+        log.close()
+        stub.shutdown()
+        stub.server_close()
+    # The decode worker survived the failed load and still serves real hand-offs.
+    assert httpx.get(f"{decode_url}/health", timeout=10).status_code == 200
+    assert two_nodes.chat("after a failed load") != ""
 
 
 def test_a_stopped_agent_marks_its_node_down_and_its_decode_serves_on(two_nodes: TwoNodes) -> None:
