@@ -280,7 +280,7 @@ def test_with_kv_load_failure_recompute_decode_answers_a_stale_hand_off(
         failover: Failover, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """The plan's `kv_load_failure: recompute`: a NIXL decode worker that cannot load the KV a
     (stand-in) prefill announced computes the prompt itself, and the client gets its answer.
-    (With the default, `fail`, tests/e2e/test_nixl.py sees a 502 `kv_handoff_failed`.)"""
+    (With the default, `fail`, tests/nodes/test_two_nodes.py sees a 502 `kv_handoff_failed`.)"""
     root = tmp_path_factory.mktemp("recompute")
     model = shared_tiny_llama(model_dir)
     decode_port, stale_prefill_port, router_port = free_port(), free_port(), free_port()

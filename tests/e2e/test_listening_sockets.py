@@ -5,8 +5,8 @@ The borrowed deployment (tests/borrowed.py) has the default deployment's shape: 
 one decode vLLM worker with the shared-storage KV channel, a router, and the console, supervisor
 and job worker of `manage.py up`; only the model differs (a tiny random-weight Llama). Every
 process of that tree is read, vLLM's engine cores included. The NIXL channel's workers, which
-open side channels and UCX listeners as well, are read in tests/e2e/test_nixl.py, on the NIXL
-pair that file starts anyway.
+open side channels and UCX listeners as well, are read in tests/nodes/test_two_nodes.py, on
+the NIXL pair across two nodes that file starts anyway.
 """
 
 from __future__ import annotations

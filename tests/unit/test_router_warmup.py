@@ -3,7 +3,7 @@ itself healthy, retried while it fails, done again for a worker that comes back.
 
 Stub workers stand in for vLLM: what is tested is the router's part (which calls, in which
 order, with which transfer parameters, and what /health says meanwhile). The real handshake
-is exercised by tests/e2e/test_nixl.py, whose router has the warm-up on."""
+is exercised by tests/nodes/test_two_nodes.py, whose router has the warm-up on."""
 
 from __future__ import annotations
 
