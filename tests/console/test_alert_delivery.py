@@ -305,10 +305,12 @@ def test_a_failing_receiver_is_retried_with_backoff_until_it_answers(
     assert "HTTP 500" in attempts[0].error and "receiver says no" in attempts[0].error
     assert len(receiver.received) == 3
     # 1 s after the first failure, 2 s after the second (plus at most 10 % jitter and a poll).
+    # Never sooner; later only by the machine's scheduling (a loaded CI machine once took 2.18 s
+    # for the first), so the upper bounds stop short of the next backoff's value.
     first_gap = (attempts[1].at - attempts[0].at).total_seconds()
     second_gap = (attempts[2].at - attempts[1].at).total_seconds()
-    assert 1.0 <= first_gap < 1.6, first_gap
-    assert 2.0 <= second_gap < 2.7, second_gap
+    assert 1.0 <= first_gap < 2.0, first_gap
+    assert 2.0 <= second_gap < 4.0, second_gap
     assert Delivery.objects.get(pk=delivery.pk).attempts == 3
 
 
