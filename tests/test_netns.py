@@ -307,14 +307,18 @@ def test_leftovers_of_a_killed_run_are_swept_at_start() -> None:
 
 
 def test_a_failure_while_building_cleans_up_and_keeps_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    existing_when_failed: list[str] = []
+
     def failing_forward(self: Hosts, port: int, target: tuple[str, int] | None = None) -> None:
+        existing_when_failed.extend(netns_names())
         raise OSError("bind failed (simulated)")
 
     monkeypatch.setattr(Hosts, "forward", failing_forward)
     built = Hosts(["p", "q"], forwards=[REDIS_PORT])
     with pytest.raises(OSError, match="simulated"):
         built.__enter__()
-    assert built.tag  # it got as far as naming things
+    # It failed with its namespaces built, so the cleanup below had something to undo.
+    assert set(built.netns_names()) <= set(existing_when_failed)
     assert not set(built.netns_names()) & set(netns_names())
     assert not set(built.link_names()) & set(link_names())
 
