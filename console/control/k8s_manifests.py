@@ -81,7 +81,7 @@ from console.control.k8s_objects import (
     service,
     template_path,
 )
-from console.control.worker_specs import router_spec, worker_spec
+from console.control.worker_specs import has_remote_peers, router_spec, worker_spec
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.services import keys_file_path
 from inference.launch import build_command
@@ -151,7 +151,8 @@ def worker_process(deployment: Deployment, layout: RoleLayout,
     """The supervisor's command for the role's first instance, with a pod's addresses, files and
     devices in place of its host's (the module's docstring lists them)."""
     spec = replace(
-        worker_spec(deployment, layout.first, handshake_compat, template_path(deployment)),
+        worker_spec(deployment, layout.first, handshake_compat, template_path(deployment),
+                    remote_peers=has_remote_peers(layout.first, list(deployment.workers.all()))),
         host=POD_IP,
         model_path=pod_model_path(layout.first.variant),
         kv_storage_path=str(KV_DIR),

@@ -76,9 +76,10 @@ def write_chat_template(deployment: Deployment) -> Path | None:
 
 def worker_spec(deployment: Deployment, worker: WorkerPlan,
                 handshake_compat: bool = True, chat_template: Path | None = None,
-                revision: int | None = None) -> WorkerSpec:
+                revision: int | None = None, remote_peers: bool = False) -> WorkerSpec:
     """``chat_template``: the file :func:`write_chat_template` wrote, when the plan has one;
-    ``revision``: the revision the worker runs (the live one when not given)."""
+    ``revision``: the revision the worker runs (the live one when not given); ``remote_peers``:
+    its KV peers run on other nodes (:func:`has_remote_peers`)."""
     return WorkerSpec(
         role=worker.role,
         model_path=worker.variant.path,
@@ -89,8 +90,7 @@ def worker_spec(deployment: Deployment, worker: WorkerPlan,
         kv_storage_path=str(kv_storage_path(deployment, revision)),
         side_channel_port=worker.side_channel_port,
         host=worker.host,
-        remote_peers=any(peer.node_id != worker.node_id for peer in deployment.workers.all()
-                         if peer.role != worker.role),
+        remote_peers=remote_peers,
         cpu_cores=worker.core_tuple(),
         gpu_indices=worker.gpu_tuple(),
         kv_cache_gib=deployment.kv_cache_gib,
@@ -168,6 +168,11 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan],
     return argv
 
 
+def has_remote_peers(worker: WorkerPlan, workers: list[WorkerPlan]) -> bool:
+    """Whether a worker of the other role runs on another node than ``worker``."""
+    return any(peer.node_id != worker.node_id for peer in workers if peer.role != worker.role)
+
+
 def process_specs(deployment: Deployment,
                   held_back: frozenset[str] = frozenset()) -> list[ProcessSpec]:
     """The plan's processes. ``held_back``: slots an in-place rollout has given to green's
@@ -180,7 +185,8 @@ def process_specs(deployment: Deployment,
     specs = []
     for worker in workers:
         argv, env = build_command(worker_spec(deployment, worker, handshake_compat,
-                                              chat_template))
+                                              chat_template,
+                                              remote_peers=has_remote_peers(worker, workers)))
         specs.append(ProcessSpec(slot=worker.slot, role=worker.role, port=worker.port,
                                  argv=argv, env=env, node_id=worker.node_id, host=worker.host))
     specs.append(router_spec(deployment, workers, chat_template, write_keys_file(deployment)))
@@ -229,7 +235,8 @@ def green_specs(deployment: Deployment, rollout: Rollout,
     specs = []
     for worker in workers:
         argv, env = build_command(worker_spec(worker.deployment, worker, handshake_compat,
-                                              chat_template, rollout.to_revision.number))
+                                              chat_template, rollout.to_revision.number,
+                                              has_remote_peers(worker, workers)))
         specs.append(ProcessSpec(slot=green_slot(worker.slot, rollout.to_revision),
                                  role=worker.role, port=worker.port, argv=argv, env=env,
                                  node_id=worker.node_id, host=worker.host))
