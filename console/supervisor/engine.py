@@ -19,7 +19,6 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -30,6 +29,8 @@ from django.utils import timezone
 from console.deployments.models import Deployment
 from console.fleet.models import Node
 from console.supervisor.capture import CapturedLine, clean_line
+from console.supervisor.children import Adopted, Backoff, Child
+from console.supervisor.health_probe import probe_health
 from console.supervisor.log_follow import LogFollow, follow_log
 from console.supervisor.models import ManagedProcess
 from inference.process_groups import is_same_process, kill_group
@@ -47,49 +48,6 @@ OWNER_CHECK_EVERY_S = 1.0
 # was SIGKILLed): its requester waits on the supervisor, and nothing else could stop it. Planned
 # workers outlive it; the next supervisor's recover() settles them. setpriv is util-linux's.
 DIE_WITH_SUPERVISOR = ["setpriv", "--pdeathsig", "TERM", "--"]
-
-
-@dataclass
-class Adopted:
-    """A process a previous supervisor started and this one took over. Not this process's child,
-    so its exit code cannot be read: it is known by pid and start time (a pid may be reused)."""
-
-    pid: int
-    started_at: datetime
-
-    def alive(self) -> bool:
-        return is_same_process(self.pid, self.started_at)
-
-
-@dataclass
-class Child:
-    record_id: int
-    deployment_id: int | None
-    slot: str
-    popen: subprocess.Popen[bytes] | Adopted
-    capture: threading.Thread
-    follow: LogFollow
-    kind: str = Kind.WORKER
-    stop_deadline: float | None = None
-    next_probe: float = 0.0
-    # Why it is being stopped when that is a failure (its requester vanished), else "".
-    failure: str = ""
-    # Its log's size when last looked at while starting, and when that size last changed.
-    output_size: int = -1
-    output_at: float = 0.0
-
-    def ended(self) -> tuple[bool, int | None]:
-        """Whether the process has exited, and its exit code when it is known."""
-        if isinstance(self.popen, Adopted):
-            return not self.popen.alive(), None
-        code = self.popen.poll()
-        return code is not None, code
-
-
-@dataclass
-class Backoff:
-    failures: int = 0
-    retry_at: float = 0.0
 
 
 @dataclass
@@ -273,7 +231,7 @@ class ProcessEngine:
             if record is None:
                 continue  # its row was deleted in the admin; reap() forgets it once it exits
             # A process without a port (a builder) is ready once it runs.
-            healthy, degraded = (True, "") if record.port is None else self._probe(record.url)
+            healthy, degraded = (True, "") if record.port is None else probe_health(self.http, record.url)
             child.next_probe = now + (1.0 if record.state == State.STARTING else 2.0)
             if degraded != record.degraded:
                 ManagedProcess.objects.filter(pk=record.pk).update(
@@ -436,32 +394,6 @@ class ProcessEngine:
         while self.children and time.monotonic() < deadline:
             self.reap()
             time.sleep(0.1)
-
-    def _probe(self, url: str) -> tuple[bool, str]:
-        """Whether ``url`` answers /health with 200, and the role a router serves without when
-        it answers ``{"status": "degraded", "degraded": role}`` (still 200: it serves)."""
-        try:
-            response = self.http.get(f"{url}/health")
-        except httpx.HTTPError:
-            # Not answering is what the probe measures: the state machine records it.
-            return False, ""
-        if response.status_code != 200:
-            return False, ""
-        return True, _degraded_role(response)
-
-
-def _degraded_role(response: httpx.Response) -> str:
-    # vLLM answers /health with an empty body; only the router's is JSON.
-    if "json" not in response.headers.get("content-type", ""):
-        return ""
-    try:
-        answer = response.json()
-    except ValueError:
-        # A body that is not JSON says nothing about degradation; 200 says it is healthy.
-        return ""
-    if not isinstance(answer, dict) or answer.get("status") != "degraded":
-        return ""
-    return str(answer.get("degraded") or "")[:20]
 
 
 def adoptable(record: ManagedProcess) -> bool:

@@ -28,7 +28,8 @@ from django.utils import timezone
 from console.control.daemon import Supervisor
 from console.control.worker_specs import ProcessSpec
 from console.deployments.models import Deployment
-from console.supervisor.engine import MAX_BACKOFF_S, Backoff, Child
+from console.supervisor.children import Backoff, Child
+from console.supervisor.engine import MAX_BACKOFF_S
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port, listening, wait_for
 
