@@ -15,7 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
-from console.env import env_bool, env_int, env_list, env_path, env_secret, env_str
+from console.env import env_bool, env_choice, env_int, env_list, env_path, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = env_path("PDSERVE_DATA_DIR", BASE_DIR / "data")
@@ -175,10 +175,23 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
 ]
 # Login rate limiting (django-axes, in the database so that every console process counts the
-# same failures): this many failures for one username, or from one address, lock both out.
+# same failures): this many failures lock out what PDSERVE_LOGIN_LOCKOUT names.
+#   user-at-address (default): that username from that client address only, so that nobody
+#     elsewhere can lock a user (the superuser among them) out by guessing their password;
+#   user: that username from anywhere;
+#   user-or-address: that username from anywhere, and that address for every username.
 AXES_FAILURE_LIMIT = env_int("PDSERVE_LOGIN_FAILURE_LIMIT", 5, 1, 1000)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("PDSERVE_LOGIN_LOCKOUT_MINUTES", 15, 1, 7 * 24 * 60))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+PDSERVE_LOGIN_LOCKOUT = env_choice("PDSERVE_LOGIN_LOCKOUT", "user-at-address",
+                                   ("user-at-address", "user", "user-or-address"))
+AXES_LOCKOUT_PARAMETERS = {
+    "user-at-address": [["username", "ip_address"]],
+    "user": ["username"],
+    "user-or-address": ["username", "ip_address"],
+}[PDSERVE_LOGIN_LOCKOUT]
+# The client address is the connection's (REMOTE_ADDR), never a header a client can write;
+# login_limits.client_address says how a proxy's X-Forwarded-For reaches it.
+AXES_CLIENT_IP_CALLABLE = "console.credentials.login_limits.client_address"
 # A refused attempt during a lockout does not prolong it: it ends a cool-off after the last
 # counted failure, as the answer says.
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False

@@ -1,20 +1,27 @@
-"""Login rate limiting (django-axes): after 5 failed logins for one username, or from one
-address, the next login of that user or from that address is refused with 429 for 15 minutes,
-even with the right password; on the login page, on the API's token login and under ASGI."""
+"""Login rate limiting (django-axes): after 5 failed logins for one username from one address,
+the next login of that user from that address is refused with 429 for 15 minutes, even with the
+right password; the same user from elsewhere still logs in (an outsider cannot lock the
+superuser out). PDSERVE_LOGIN_LOCKOUT=user locks the username out from anywhere, and
+user-or-address also every username from the address. On the login page, on the API's token
+login and under ASGI."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
 from django.db.models import F
 from django.http import HttpResponse
 from django.test import AsyncClient, Client
 
+from console.credentials.login_limits import LOCKED_SCOPE
+from console.env import env_choice
 from tests.console.passwords import OWNER_PASSWORD
 
 pytestmark = pytest.mark.django_db
@@ -80,21 +87,69 @@ def test_the_sixth_attempt_is_refused_even_with_the_right_password(owner: User, 
     assert "locked out for 15 minutes" in refused.content.decode()
 
 
-def test_the_lockout_is_per_user(owner: User, alice: User, login: Login) -> None:
+def test_the_lockout_is_per_user_and_address(owner: User, alice: User, login: Login) -> None:
+    fail(login, "owner", HOME, 5)
+    assert locked_out(login("owner", OWNER_PASSWORD, HOME))
+    # Failures from one address do not lock the user out elsewhere: an outsider guessing the
+    # superuser's password cannot keep the superuser out.
+    assert logged_in(login("owner", OWNER_PASSWORD, ELSEWHERE))
+    # Nor another user from the locked-out address.
+    assert logged_in(login("alice", ALICE_PASSWORD, HOME))
+    # Failures counted elsewhere add nothing to those at home: four more there lock nothing.
+    fail(login, "owner", ELSEWHERE, 4)
+    assert logged_in(login("owner", OWNER_PASSWORD, ELSEWHERE))
+
+
+def test_x_forwarded_for_is_not_the_address(owner: User) -> None:
+    """A client cannot spread its failures over addresses it makes up."""
+    for n in range(5):
+        Client().post("/login/", {"username": "owner", "password": "wrong-password"},
+                      REMOTE_ADDR=HOME, HTTP_X_FORWARDED_FOR=f"192.0.2.{n}")
+    assert locked_out(Client().post("/login/", {"username": "owner", "password": OWNER_PASSWORD},
+                                    REMOTE_ADDR=HOME, HTTP_X_FORWARDED_FOR="192.0.2.99"))
+
+
+@pytest.fixture
+def by_username(settings: Any) -> None:
+    """PDSERVE_LOGIN_LOCKOUT=user, as settings.py turns it into axes' setting."""
+    settings.PDSERVE_LOGIN_LOCKOUT = "user"
+    settings.AXES_LOCKOUT_PARAMETERS = ["username"]
+
+
+@pytest.mark.usefixtures("by_username")
+def test_the_setting_user_locks_the_username_out_from_anywhere(owner: User, alice: User,
+                                                               login: Login) -> None:
     fail(login, "owner", HOME, 5)
     # The same user from another address is still locked out: guessing from many addresses
     # gains nothing.
-    assert locked_out(login("owner", OWNER_PASSWORD, ELSEWHERE))
-    # Another user from that other address logs in.
+    refused = login("owner", OWNER_PASSWORD, ELSEWHERE)
+    assert locked_out(refused)
+    assert "failed logins for this user:" in refused.content.decode()
+    # Another user from either address logs in.
+    assert logged_in(login("alice", ALICE_PASSWORD, HOME))
     assert logged_in(login("alice", ALICE_PASSWORD, ELSEWHERE))
 
 
-def test_the_lockout_is_per_address(owner: User, alice: User, login: Login) -> None:
+def test_the_setting_user_or_address_also_locks_the_address(owner: User, alice: User,
+                                                            login: Login, settings: Any) -> None:
+    settings.PDSERVE_LOGIN_LOCKOUT = "user-or-address"
+    settings.AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
     # One address trying many usernames, none of them alice.
     for name in ("root", "admin", "owner", "operator", "test"):
         fail(login, name, HOME, 1)
     assert locked_out(login("alice", ALICE_PASSWORD, HOME))
     assert logged_in(login("alice", ALICE_PASSWORD, ELSEWHERE))
+
+
+def test_the_setting_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PDSERVE_LOGIN_LOCKOUT", "User")
+    assert env_choice("PDSERVE_LOGIN_LOCKOUT", "user-at-address",
+                      tuple(LOCKED_SCOPE)) == "user"
+    monkeypatch.setenv("PDSERVE_LOGIN_LOCKOUT", "address")
+    with pytest.raises(ImproperlyConfigured, match="PDSERVE_LOGIN_LOCKOUT: expected one of"):
+        env_choice("PDSERVE_LOGIN_LOCKOUT", "user-at-address", tuple(LOCKED_SCOPE))
+    assert settings.PDSERVE_LOGIN_LOCKOUT == "user-at-address"
+    assert settings.AXES_LOCKOUT_PARAMETERS == [["username", "ip_address"]]
 
 
 def test_the_lockout_expires_after_the_cool_off(owner: User, login: Login) -> None:

@@ -41,7 +41,8 @@ class LoginView(APIView):
         400: OpenApiResponse(description="a field is missing or wrong, or the username and "
                                          "password do not match an active user"),
         429: OpenApiResponse(description="locked out after too many failed logins for this "
-                                         "username or from this address; see Retry-After")})
+                                         "username from this address (PDSERVE_LOGIN_LOCKOUT); "
+                                         "see Retry-After")})
     def post(self, request: Request) -> Response:
         login = LoginSerializer(data=request.data)
         login.is_valid(raise_exception=True)
