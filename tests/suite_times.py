@@ -4,6 +4,8 @@ A suite is a directory right under ``tests/`` (unit, console, e2e, ...); the fil
 ``tests/`` make one more. Wall time runs from the first setup to the last teardown of the suite's
 tests, so a session fixture a suite starts (a vLLM server) counts in the suite that started it.
 The slowest tests themselves come from pytest's ``--durations`` (pyproject.toml's addopts).
+Each suite's row also counts the vLLM servers started while its tests ran and the seconds they
+took to start (tests/vllm_starts.py), which is where most of a run's time goes.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 import pytest
+
+from tests.vllm_starts import Server, ServerWatch
 
 ROOT_FILES = "(tests/*.py)"
 
@@ -30,6 +34,11 @@ class SuiteTime:
     first_start: float = math.inf
     last_stop: float = 0.0
     summed: float = 0.0
+    servers: list[Server] = field(default_factory=list)
+
+    @property
+    def start_seconds(self) -> float:
+        return sum(server.start_seconds or 0.0 for server in self.servers)
 
     @property
     def wall(self) -> float:
@@ -37,12 +46,20 @@ class SuiteTime:
 
 
 class SuiteTimes:
-    def __init__(self) -> None:
+    def __init__(self, watch: ServerWatch | None = None) -> None:
         self.suites: dict[str, SuiteTime] = {}
+        # When each phase of each test began, to find the test a server was created under.
+        self.phases: list[tuple[float, str]] = []
+        self.watch = watch
+
+    def pytest_sessionstart(self) -> None:
+        if self.watch is not None:
+            self.watch.start()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         suite = self.suites.setdefault(suite_of(report.nodeid), SuiteTime())
         suite.tests.add(report.nodeid)
+        self.phases.append((report.start, suite_of(report.nodeid)))
         suite.first_start = min(suite.first_start, report.start)
         suite.last_stop = max(suite.last_stop, report.stop)
         suite.summed += report.duration
@@ -51,19 +68,38 @@ class SuiteTimes:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.suites:
             return
+        self.attribute_servers()
         ordered = sorted(self.suites.items(), key=lambda item: item[1].first_start)
         width = max(len("suite"), *(len(name) for name in self.suites))
         terminalreporter.write_sep("=", "suite wall times")
-        terminalreporter.write_line(f"{'suite':<{width}}  {'tests':>5}  {'wall':>9}  {'summed':>9}")
+        terminalreporter.write_line(f"{'suite':<{width}}  {'tests':>5}  {'wall':>9}  {'summed':>9}"
+                                    f"  {'vllm':>4}  {'starting':>9}")
         for name, suite in ordered:
             terminalreporter.write_line(f"{name:<{width}}  {len(suite.tests):>5}  "
-                                        f"{suite.wall:>8.1f}s  {suite.summed:>8.1f}s")
-        wall = max(s.last_stop for s in self.suites.values()) - min(
-            s.first_start for s in self.suites.values())
+                                        f"{suite.wall:>8.1f}s  {suite.summed:>8.1f}s  "
+                                        f"{len(suite.servers):>4}  {suite.start_seconds:>8.1f}s")
+        suites = self.suites.values()
+        wall = max(s.last_stop for s in suites) - min(s.first_start for s in suites)
         terminalreporter.write_line(
-            f"{'all':<{width}}  {sum(len(s.tests) for s in self.suites.values()):>5}  "
-            f"{wall:>8.1f}s  {sum(s.summed for s in self.suites.values()):>8.1f}s")
+            f"{'all':<{width}}  {sum(len(s.tests) for s in suites):>5}  "
+            f"{wall:>8.1f}s  {sum(s.summed for s in suites):>8.1f}s  "
+            f"{sum(len(s.servers) for s in suites):>4}  "
+            f"{sum(s.start_seconds for s in suites):>8.1f}s")
+
+    def attribute_servers(self) -> None:
+        """Each server goes to the suite of the last test phase begun before it was created
+        (a session fixture starts under the first test that asks for it)."""
+        if self.watch is None or not self.phases:
+            return
+        phases = sorted(self.phases)
+        for server in self.watch.stop():
+            suite = phases[0][1]
+            for began, name in phases:
+                if began > server.created:
+                    break
+                suite = name
+            self.suites[suite].servers.append(server)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(SuiteTimes(), "pdserve-suite-times")
+    config.pluginmanager.register(SuiteTimes(ServerWatch()), "pdserve-suite-times")
