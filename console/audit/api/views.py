@@ -105,8 +105,10 @@ class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
         return super().perform_content_negotiation(request, force)
 
     def handle_exception(self, exc: Exception) -> Response:
-        if self.action == "export":
-            # An error is told in JSON, whatever format the export was asked in.
+        # An error is told in JSON, whatever format the export was asked in. A method the route
+        # does not map has no action, but the export's renderers still apply to it: they turned
+        # a 405 into a body of one word.
+        if self.action in ("export", None):
             self.request.accepted_renderer = JSONRenderer()
             self.request.accepted_media_type = JSONRenderer.media_type
         return super().handle_exception(exc)
