@@ -169,3 +169,14 @@ def test_buttons_need_the_csrf_token(owner: User, deployment: Deployment) -> Non
     assert client.post(f"{detail_path(deployment)}start/").status_code == 403
     deployment.refresh_from_db()
     assert deployment.desired_state == Deployment.DesiredState.STOPPED
+
+
+def test_no_template_comment_spans_lines() -> None:
+    """Django's ``{# #}`` ends at the line's end: one spanning lines is shown on the page as
+    text (the rollout page showed one). Longer comments take ``{% comment %}``."""
+    templates = Path(__file__).resolve().parents[2] / "templates"
+    spanning = [f"{path.relative_to(templates)}:{number}"
+                for path in sorted(templates.rglob("*.html"))
+                for number, line in enumerate(path.read_text().splitlines(), start=1)
+                if "{#" in line and "#}" not in line.split("{#", 1)[1]]
+    assert spanning == []
