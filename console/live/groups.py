@@ -1,7 +1,8 @@
 """Channel group names and the one function that sends to them.
 
 Rule for group names: ``<kind>-<id>``: ``process-<ManagedProcess.id>`` carries log lines,
-``deployment-<Deployment.id>`` carries metric snapshots.
+``deployment-<Deployment.id>`` carries metric snapshots, ``user-<User.id>`` tells a user's
+open sockets that their access changed (access.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ def process_group(process_id: int) -> str:
 
 def deployment_group(deployment_id: int) -> str:
     return f"deployment-{deployment_id}"
+
+
+def user_group(user_id: int) -> str:
+    return f"user-{user_id}"
 
 
 async def emit(group: str, payload: dict[str, Any]) -> None:
