@@ -22,7 +22,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from inference.child_env import child_environment
 from inference.kv_channels import CHANNEL_NAMES, ChannelEndpoint, make_channel
+from inference.worker_auth import MIDDLEWARE, WORKER_KEY_ENV
 
 KV_LOAD_FAILURE_POLICIES = ("fail", "recompute")
 
@@ -175,6 +177,9 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
         # One line per request with its id, so the console's request timeline can join the
         # router's view with each worker's (prompts cut to 120 characters).
         "--enable-log-requests", "--max-log-len", "120",
+        # Refuses callers without the worker's key (VLLM_API_KEY in its environment, set by
+        # whoever starts it) on every path but /health: vLLM's own check covers /v1 only.
+        "--middleware", MIDDLEWARE,
     ]
     if spec.sampling_defaults:
         argv += ["--override-generation-config",
@@ -307,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra_env.items()))
         print(f"{exports} {shlex.join(command)}")
         return 0
-    os.execve(command[0], command, {**os.environ, **extra_env})
+    # The operator's environment minus its secrets; the worker's own key (VLLM_API_KEY), when
+    # set, is meant for it.
+    key = {WORKER_KEY_ENV: os.environ[WORKER_KEY_ENV]} if os.environ.get(WORKER_KEY_ENV) else {}
+    os.execve(command[0], command, child_environment({**extra_env, **key}))
 
 
 if __name__ == "__main__":

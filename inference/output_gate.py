@@ -32,15 +32,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
+from inference.child_env import child_environment
 from inference.launch import LaunchError, WorkerSpec, build_command
 from inference.process_groups import stop_group
+from inference.worker_auth import WorkerKeys
 
 PROMPTS_FILE = Path(__file__).with_name("gate_prompts.json")
 DEFAULT_PROMPTS = 8
@@ -250,11 +252,13 @@ def score_candidate(client: httpx.Client, label: str, url: str,
 
 def run_gate(reference_url: str, candidates: dict[str, str], prompts: list[str],
              max_tokens: int = DEFAULT_MAX_TOKENS, thresholds: Thresholds | None = None,
-             answers: list[ReferenceAnswer] | None = None) -> GateReport:
-    """Score every candidate against the reference; ``answers`` skips asking the reference."""
+             answers: list[ReferenceAnswer] | None = None,
+             keys: Mapping[str, str | None] | None = None) -> GateReport:
+    """Score every candidate against the reference; ``answers`` skips asking the reference.
+    ``keys``: each server's key by its URL (inference/worker_auth.py)."""
     thresholds = thresholds or Thresholds()
     started = time.monotonic()
-    with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+    with httpx.Client(timeout=REQUEST_TIMEOUT_S, auth=WorkerKeys(keys or {})) as client:
         if answers is None:
             answers = reference_answers(client, reference_url, prompts, max_tokens)
         scores = [score_candidate(client, label, url, answers) for label, url in candidates.items()]
@@ -304,7 +308,7 @@ def running_server(server: ReferenceServer, log_path: Path | None = None,
     port = server.port or free_port()
     argv, env = server_command(server, port)
     log = open(log_path, "ab") if log_path else tempfile.TemporaryFile()  # noqa: SIM115
-    process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+    process = subprocess.Popen(argv, env=child_environment(env), stdout=log, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL, start_new_session=True)
     if started is not None:
         started(process)

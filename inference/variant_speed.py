@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import httpx
 
 from inference.output_gate import PROMPTS_FILE, GateError, served_model
+from inference.worker_auth import bearer
 
 TIMEOUT_S = 600.0
 
@@ -98,8 +99,10 @@ def decode_tps(client: httpx.Client, url: str, model: str, max_tokens: int = 128
     return (generated - 1) / (many - one)
 
 
-def measure(url: str, prefill_tokens: int = 512, decode_tokens: int = 128) -> Speed:
-    with httpx.Client(timeout=TIMEOUT_S) as client:
+def measure(url: str, prefill_tokens: int = 512, decode_tokens: int = 128,
+            key: str | None = None) -> Speed:
+    """``key``: the server's key (inference/worker_auth.py), when it has one."""
+    with httpx.Client(timeout=TIMEOUT_S, headers=bearer(key)) as client:
         model = served_model(client, url)
         ids = prompt_ids(client, url, model, prefill_tokens)
         warm_up(client, url, model)

@@ -85,6 +85,7 @@ from console.control.worker_specs import has_remote_peers, router_spec, worker_s
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.services import keys_file_path
 from inference.launch import build_command
+from inference.worker_auth import ROUTER_WORKER_KEY_ENV
 
 
 def layouts(deployment: Deployment, target: Target) -> list[RoleLayout]:
@@ -273,7 +274,10 @@ def router_process(deployment: Deployment, roles: Sequence[RoleLayout],
     listening.router_host = "0.0.0.0"
     spec = router_spec(listening, [_service_view(layout, name, target) for layout in roles],
                        template_path(deployment), Path(ROUTER_SECRET_DIR / KEYS_FILE), POD_PYTHON)
-    return spec.argv, spec.env
+    # Not exported: the pods' workers are started without a worker key (nothing derives one
+    # there), and the console's Redis is no address of the cluster's.
+    env = {k: v for k, v in spec.env.items() if k not in (ROUTER_WORKER_KEY_ENV, "REDIS_URL")}
+    return spec.argv, env
 
 
 def _router(deployment: Deployment, roles: Sequence[RoleLayout], target: Target) -> dict[str, Any]:

@@ -17,8 +17,10 @@ from console.gateway.services import write_keys_file
 from console.rollouts import revisions
 from console.rollouts.models import Revision, Rollout
 from console.rollouts.revisions import live_number
+from console.supervisor.worker_keys import deployment_worker_key
 from inference.kv_channels import KVChannel, make_channel, uses_transfer_params
 from inference.launch import WorkerSpec, build_command
+from inference.worker_auth import ROUTER_WORKER_KEY_ENV
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,11 @@ def router_spec(deployment: Deployment, workers: list[WorkerPlan], chat_template
     # The router reads the current key set at start; the console pushes later changes through
     # the admin API with this token (environment, never argv: argv shows in `ps`).
     router_env["PDSERVE_ROUTER_ADMIN_TOKEN"] = admin_token(deployment)
+    # The key its workers refuse callers without (the supervisor starts them with it).
+    router_env[ROUTER_WORKER_KEY_ENV] = deployment_worker_key(deployment.name)
+    if settings.REDIS_URL:
+        # Shared rate limits: it inherits nothing of the supervisor's secrets, so it is named.
+        router_env["REDIS_URL"] = settings.REDIS_URL
     router_args = [*router_argv(deployment, workers, chat_template, python),
                    "--keys-file", str(keys_file)]
     return ProcessSpec(slot="router", role="router", port=deployment.router_port,

@@ -30,7 +30,9 @@ from console.live.models import MetricSample, ProcessScrape
 from console.live.periodic import Periodic
 from console.live.resources import TreeUsage
 from console.supervisor.models import ManagedProcess
+from console.supervisor.worker_keys import process_key
 from inference.prom_snapshot import Scrape, parse, process_stats
+from inference.worker_auth import bearer
 
 log = logging.getLogger("pdserve.metrics")
 
@@ -75,7 +77,8 @@ class MetricsCollector:
     def collect_once(self) -> list[MetricSample]:
         """Scrape every target, store the raw texts and one sample per deployment, broadcast."""
         targets = {target.record_id: target for target in self.targets()}
-        records = ManagedProcess.objects.filter(pk__in=list(targets)).order_by("deployment", "slot")
+        records = ManagedProcess.objects.filter(pk__in=list(targets)).select_related(
+            "deployment").order_by("deployment", "slot")
         now = timezone.now()
         texts: dict[int, str] = {}
         by_deployment: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
@@ -85,7 +88,8 @@ class MetricsCollector:
             target = targets[record.pk]
             pid = target.pid
             entry: dict[str, Any] = {"role": record.role}
-            text = self._fetch(record.url)
+            # A worker answers /metrics only with its key (inference/worker_auth.py).
+            text = self._fetch(record.url, process_key(record))
             if text is None:
                 entry["up"] = 0
                 self._previous.pop(record.pk, None)
@@ -128,9 +132,9 @@ class MetricsCollector:
         self._loop.stop(timeout_s=10)
 
     # ---- helpers -------------------------------------------------------------------------
-    def _fetch(self, url: str) -> str | None:
+    def _fetch(self, url: str, key: str | None = None) -> str | None:
         try:
-            response = self.http.get(f"{url}/metrics")
+            response = self.http.get(f"{url}/metrics", headers=bearer(key))
         except httpx.HTTPError:
             return None  # starting, stopping or hung: the snapshot says "up": 0
         return response.text if response.status_code == 200 else None

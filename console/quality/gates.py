@@ -22,6 +22,7 @@ from console.quality.models import GateResult
 from console.quality.servers import served
 from console.supervisor.models import ManagedProcess
 from console.supervisor.process_requests import ProcessFailed
+from console.supervisor.worker_keys import deployment_worker_key, process_key
 from inference.launch import LaunchError
 from inference.output_gate import (
     GateError,
@@ -137,7 +138,10 @@ def evaluate(deployment: Deployment, candidates: dict[str, str], prompt_count: i
         if stopping.is_set():
             raise ProcessFailed("the supervisor is stopping")
         with served(server, ManagedProcess.Kind.GATE_REFERENCE, slot, log_path) as process:
-            report = run_gate(process.url, candidates, prompts, thresholds=thresholds)
+            # The candidates are the deployment's workers (a rollout's green ones too).
+            keys = {url: deployment_worker_key(deployment.name) for url in candidates.values()}
+            report = run_gate(process.url, candidates, prompts, thresholds=thresholds,
+                              keys={**keys, process.url: process_key(process)})
     except (GateError, LaunchError, ProcessFailed, OSError) as exc:
         return State.ERROR, {}, f"{exc} (reference log: {log_path})", reference
     return (State.PASSED if report.passed else State.FAILED, report.as_dict(), "", reference)

@@ -27,6 +27,7 @@ from console.quality.servers import served
 from console.quality.services import original_variant
 from console.supervisor.models import ManagedProcess
 from console.supervisor.process_requests import ProcessFailed, this_process
+from console.supervisor.worker_keys import process_key
 from inference.launch import LaunchError
 from inference.output_gate import (
     DEFAULT_MAX_TOKENS,
@@ -39,6 +40,7 @@ from inference.output_gate import (
 )
 from inference.process_groups import is_same_process
 from inference.variant_speed import measure as measure_speed
+from inference.worker_auth import bearer
 
 log = logging.getLogger("pdserve.quality")
 State = VariantMeasurement.State
@@ -130,15 +132,16 @@ def _measure(measurement: VariantMeasurement) -> dict[str, object]:
     prompts = load_prompts(DEFAULT_PROMPTS)
     answers = None
     if reference.pk != variant.pk:
-        with server(reference.path, "reference", "reference") as process, httpx.Client(timeout=300) as client:
+        with server(reference.path, "reference", "reference") as process, \
+                httpx.Client(timeout=300, headers=bearer(process_key(process))) as client:
             answers = reference_answers(client, process.url, prompts, DEFAULT_MAX_TOKENS)
     with server(variant.path, "variant", variant.name) as process:
-        url = process.url
+        url, key = process.url, process_key(process)
         if answers is None:  # the variant is the reference: it answers and is scored itself
-            with httpx.Client(timeout=300) as client:
+            with httpx.Client(timeout=300, headers=bearer(key)) as client:
                 answers = reference_answers(client, url, prompts, DEFAULT_MAX_TOKENS)
-        speed = measure_speed(url, PREFILL_TOKENS)
-        report = run_gate(url, {str(variant): url}, prompts, answers=answers)
+        speed = measure_speed(url, PREFILL_TOKENS, key=key)
+        report = run_gate(url, {str(variant): url}, prompts, answers=answers, keys={url: key})
     return {"reference": f"{reference} ({measurement.dtype})", "prompt_tokens": speed.prefill_tokens,
             "prefill_tps": round(speed.prefill_tps, 1), "decode_tps": round(speed.decode_tps, 2),
             "gate": {**report.as_dict(), "speed": asdict(speed)}}

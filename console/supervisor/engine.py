@@ -33,7 +33,10 @@ from console.supervisor.children import Adopted, Backoff, Child
 from console.supervisor.health_probe import probe_health
 from console.supervisor.log_follow import LogFollow, follow_log
 from console.supervisor.models import ManagedProcess
+from console.supervisor.worker_keys import process_key
+from inference.child_env import child_environment
 from inference.process_groups import is_same_process, kill_group
+from inference.worker_auth import WORKER_KEY_ENV
 
 log = logging.getLogger("pdserve.supervisor")
 
@@ -303,7 +306,7 @@ class ProcessEngine:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **env},
+                env=environment(record, env),
                 cwd=str(settings.BASE_DIR),
                 # Own process group: the group is what gets stopped, engine subprocesses
                 # included, and a Ctrl-C in the operator's terminal reaches only the supervisor.
@@ -394,6 +397,14 @@ class ProcessEngine:
         while self.children and time.monotonic() < deadline:
             self.reap()
             time.sleep(0.1)
+
+
+def environment(record: ManagedProcess, env: dict[str, str]) -> dict[str, str]:
+    """``record``'s whole environment: the supervisor's allowed variables (never its secrets,
+    inference/child_env.py), its spec's ``env``, and for a vLLM server its key, added here so
+    that it is stored nowhere (a requested row keeps its ``env``)."""
+    key = process_key(record)
+    return child_environment({**env, WORKER_KEY_ENV: key} if key else env)
 
 
 def adoptable(record: ManagedProcess) -> bool:

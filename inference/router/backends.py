@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from inference.router.policies import Choice, LeastOutstanding, Policy
+from inference.worker_auth import bearer
 
 log = logging.getLogger("pdserve.router.backends")
 
@@ -42,6 +43,8 @@ class Backend:
     # KV this backend prefilled and announced to a decode call that has not yet started
     # answering: closing it now would leave decode nothing to pull (see KvLease).
     kv_pending: int = 0
+    # The workers' key (inference/worker_auth.py), sent with every call of its session.
+    worker_key: str | None = field(default=None, repr=False)
     # Set while a drain waits, so that it wakes when in_flight or kv_pending falls.
     _changed: asyncio.Event | None = field(default=None, repr=False)
 
@@ -94,6 +97,7 @@ class Backend:
             skip_auto_headers=("Accept-Encoding",),
             # Workers set no cookies; a real jar is consulted twice per request for nothing.
             cookie_jar=aiohttp.DummyCookieJar(),
+            headers=bearer(self.worker_key),
         )
 
     async def close(self) -> None:
@@ -165,10 +169,12 @@ class Pool:
     """The backends of one role; its policy (least_outstanding unless given) picks among the
     ready ones."""
 
-    def __init__(self, role: str, urls: tuple[str, ...], policy: Policy | None = None):
+    def __init__(self, role: str, urls: tuple[str, ...], policy: Policy | None = None,
+                 worker_key: str | None = None):
         self.role = role
         self.policy = policy or LeastOutstanding()
-        self.backends = [Backend(url=url, role=role) for url in urls]
+        self.worker_key = worker_key
+        self.backends = [Backend(url=url, role=role, worker_key=worker_key) for url in urls]
         self.draining: list[Backend] = []
 
     def ready(self) -> list[Backend]:
@@ -191,7 +197,7 @@ class Pool:
     def add(self, url: str) -> Backend:
         if self.find(url) is not None:
             raise ValueError(f"{url} is already a {self.role} backend")
-        backend = Backend(url=url, role=self.role)
+        backend = Backend(url=url, role=self.role, worker_key=self.worker_key)
         self.backends.append(backend)
         return backend
 

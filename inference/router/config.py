@@ -169,6 +169,9 @@ class RouterConfig:
     admin_token: str | None = field(default=None, repr=False, metadata=setting(
         "bearer token of the admin API (/admin/*); unset, the admin API is off",
         env="PDSERVE_ROUTER_ADMIN_TOKEN"))
+    worker_key: str | None = field(default=None, repr=False, metadata=setting(
+        "key the workers refuse callers without (sent as a bearer token on every call to them, "
+        "/health probes included); unset, none is sent", env="PDSERVE_WORKER_KEY"))
     keys_file: str | None = field(default=None, metadata=setting(
         "JSON file of the inference keys (hashes, states, limits) the console writes; later changes "
         "arrive through PUT /admin/keys", check=load_key_file))

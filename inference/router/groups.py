@@ -154,7 +154,8 @@ def build_group(config: RouterConfig, metrics: RouterMetrics, revision: str, mod
     pools = {
         role: Pool(role, tuple(urls.get(role, ())),
                    make_policy(policies[role], prefix_block_size=config.prefix_block_size,
-                               prefix_blocks=config.prefix_blocks))
+                               prefix_blocks=config.prefix_blocks),
+                   worker_key=config.worker_key)
         for role in ROLES[mode]
     }
     placer = None

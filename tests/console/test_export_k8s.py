@@ -26,6 +26,7 @@ from console.control.worker_specs import ProcessSpec, process_specs
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import GIB, Gpu, Node
 from console.gateway.router_admin import admin_token
+from console.supervisor.worker_keys import deployment_worker_key
 from inference.router.config import build_parser
 from tests.console.sockets import free_port
 from tests.console.tiny_models import CHAT_TEMPLATE, make_plan
@@ -247,8 +248,11 @@ def test_a_pd_plan_becomes_valid_objects_running_the_supervisors_commands(
     env = environment(router["env"])
     assert env["PDSERVE_ROUTER_ADMIN_TOKEN"] == {
         "secretKeyRef": {"name": f"{name}-router", "key": "admin-token"}}
+    # The worker key stays home: the pods' workers are started without one.
+    assert deployment_worker_key(deployment.name) not in text
     assert {k: v for k, v in env.items() if k != "PDSERVE_ROUTER_ADMIN_TOKEN"} == {
-        k: v for k, v in supervisor["router"].env.items() if k != "PDSERVE_ROUTER_ADMIN_TOKEN"}
+        k: v for k, v in supervisor["router"].env.items()
+        if k not in ("PDSERVE_ROUTER_ADMIN_TOKEN", "PDSERVE_WORKER_KEY", "REDIS_URL")}
     assert router["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     router_service = named(documents, "Service", f"{name}-router")
     assert router_service["spec"]["ports"][0]["port"] == deployment.router_port

@@ -25,7 +25,7 @@ FLAGS = ["--served-model-name", "--tokenizer", "--max-model-len", "--prefill", "
          "--prefill-slots",
          "--breaker-failures", "--breaker-cooldown", "--prefix-block-size", "--prefix-blocks",
          "--kv-warmup-tokens", "--kv-lease-s", "--keys-file"]
-ENVIRONMENT = ["PDSERVE_API_KEY", "PDSERVE_ROUTER_ADMIN_TOKEN", "REDIS_URL"]
+ENVIRONMENT = ["PDSERVE_API_KEY", "PDSERVE_ROUTER_ADMIN_TOKEN", "PDSERVE_WORKER_KEY", "REDIS_URL"]
 
 
 def actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
