@@ -7,9 +7,9 @@ processes, probe: starting -> ready), ``reconcile`` (start what should run, stop
 not), ``gates`` (output gates once the workers are ready),
 ``pools`` (a running router's pools follow plan changes, see pools.py), ``housekeeping``
 (jobs and measurements whose Celery worker died; the local node's facts) and ``sweep`` (old
-shared-storage KV files). A worker that leaves a running plan is stopped once its router has
-drained it. Start order: workers, then the gate, then the router;
-the router is left out while ``router_hold`` names a reason.
+shared-storage KV files, and the KV directories of retired revisions: kv_storage.py). A worker
+that leaves a running plan is stopped once its router has drained it. Start order: workers,
+then the gate, then the router; the router is left out while ``router_hold`` names a reason.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import connection
 
+from console.control.kv_storage import ensure_kv_root, remove_unused_revision_dirs
 from console.control.pools import PoolSync
 from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import ProcessSpec, kv_channel, process_specs
@@ -132,7 +133,10 @@ class Supervisor(ProcessEngine):
                 specs = [spec for spec in specs if spec.role != "router"]
             fresh_start = deployment.pk not in self.prepared
             if fresh_start:
-                kv_channel(deployment).prepare()
+                channel = kv_channel(deployment)
+                if isinstance(channel, SharedStorageChannel):
+                    ensure_kv_root()  # made again, 0700, if it went; refused if another's
+                channel.prepare()
                 self.prepared.add(deployment.pk)
             for spec in filter(self.runs, specs):
                 running_slots.add((deployment.pk, spec.slot))
@@ -169,6 +173,8 @@ class Supervisor(ProcessEngine):
             channel = kv_channel(deployment)
             if isinstance(channel, SharedStorageChannel):
                 removed += channel.sweep()
+        # Retired revisions' directories, once no worker uses them.
+        removed += remove_unused_revision_dirs()
         return removed > 0
 
     # ---- logs ---------------------------------------------------------------------------

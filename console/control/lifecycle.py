@@ -21,7 +21,8 @@ from console.audit.entries import record, snapshot
 from console.catalog.models import Variant
 from console.checks.suite import Report, run_checks
 from console.control.agent_tasks import notify_agents
-from console.control.worker_specs import chat_template_path, kv_storage_path
+from console.control.kv_storage import remove_deployment_kv_dirs
+from console.control.worker_specs import chat_template_path
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput, PoolInput, save_plan
 from console.fleet.services import local_node
@@ -241,7 +242,7 @@ def preview(data: PlanInput, deployment: Deployment | None = None) -> Report:
 
 def delete(deployment: Deployment) -> None:
     """Remove a stopped deployment: its plan, its processes' rows and logs, its router's keys
-    file, its chat template file and its KV directory. Its audit entries stay (they name it,
+    file, its chat template file and its revisions' KV directories. Its audit entries stay (they name it,
     they do not point at it). Raises :class:`StillRunning` while it is wanted running or any
     of its processes is alive."""
     with transaction.atomic():
@@ -254,12 +255,15 @@ def delete(deployment: Deployment) -> None:
         if alive:
             raise StillRunning(f"{locked.name} is stopping: {', '.join(alive)} still alive; "
                                "delete it once the supervisor has stopped them")
-        files = [keys_file_path(locked), kv_storage_path(locked), chat_template_path(locked),
+        files = [keys_file_path(locked), chat_template_path(locked),
                  Path(settings.PDSERVE_LOG_DIR) / locked.name]
+        name = locked.name
         record("deployment.delete", locked, before=plan_record(locked), after={})
         locked.delete()
-        # Only once the rows are gone for good: a rolled-back delete keeps its files.
+        # Only once the rows are gone for good: a rolled-back delete keeps its files. The KV
+        # directories: every revision's, each only once checked to be inside the KV root.
         transaction.on_commit(lambda: _remove(files))
+        transaction.on_commit(lambda: remove_deployment_kv_dirs(name))
 
 
 def _remove(paths: list[Path]) -> None:

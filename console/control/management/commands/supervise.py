@@ -17,6 +17,7 @@ from console.alerts.evaluation import Evaluator
 from console.audit.actors import acting_as
 from console.autoscaling.runner import Autoscaler
 from console.control.daemon import Supervisor
+from console.control.kv_storage import KVRootRefused, ensure_kv_root
 from console.gateway.sync import KeySync
 from console.supervisor.models import ManagedProcess
 
@@ -49,6 +50,11 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
 
+        try:
+            # The shared-storage KV root: made 0700 now, refused if another user's.
+            ensure_kv_root()
+        except KVRootRefused as exc:
+            raise CommandError(str(exc)) from exc
         supervisor = Supervisor()
         fixed = supervisor.recover()
         if fixed:
