@@ -38,6 +38,7 @@ import psutil
 from tests.console.sockets import free_port
 from tests.console_api import ConsoleApi
 from tests.tiny_llama import shared_tiny_llama
+from tests.worker_key import worker_headers
 
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2 = Path(os.environ.get("PDSERVE_TEST_MODEL_DIR",
@@ -75,6 +76,10 @@ class Handle(ConsoleApi):
         response = self.call("GET", f"/api/v1/deployments/{self.deployment_id}/")
         response.raise_for_status()
         return response.json()
+
+    def worker_headers(self) -> dict[str, str]:
+        """What its workers want of a caller: the deployment's key (inference/worker_auth.py)."""
+        return worker_headers(self.data_dir, NAME)
 
     def processes(self) -> dict[str, dict[str, Any]]:
         """The deployment's processes by slot: prefill-0, decode-0, router (and any other

@@ -160,7 +160,7 @@ def test_load_grows_decode_and_quiet_shrinks_it(borrowed: Handle, ramp: Ramp,
     progress = _wait(joined, "decode-1 ready and joined to the router", START_TIMEOUT_S,
                      interval_s=2.0, handle=borrowed)["progress"]
     # Joined means serving: decode-1's own engine answers requests of the load.
-    _wait(lambda: _served(url) > 0, "decode-1 serving requests of the load", 60)
+    _wait(lambda: _served(url, borrowed.worker_headers()) > 0, "decode-1 serving requests of the load", 60)
 
     served_before_quiet = len(ramp.answers)
     ramp.base.stop.set()
@@ -198,10 +198,10 @@ def test_load_grows_decode_and_quiet_shrinks_it(borrowed: Handle, ramp: Ramp,
           f"statuses {dict(statuses)}")
 
 
-def _served(url: str) -> float:
+def _served(url: str, headers: dict[str, str]) -> float:
     """Requests decode-1's engine finished, from its own /metrics."""
     try:
-        text = httpx.get(f"{url}/metrics", timeout=5).text
+        text = httpx.get(f"{url}/metrics", headers=headers, timeout=5).text
     except httpx.HTTPError:
         return 0.0
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.borrowed import FACILITY
 from tests.e2e.conftest import Stack
+from tests.worker_key import worker_headers
 
 pytestmark = pytest.mark.vllm
 
@@ -156,9 +157,13 @@ def test_one_token_prompts_keep_every_worker_alive(stack: Stack) -> None:
     # vLLM's ExampleConnector asks to load -128 tokens for a one-token prompt once any short
     # prompt was seen, and its engine dies; pdserve's connector subclass must prevent that.
     body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}
+    # The workers want their deployment's key (inference/worker_auth.py); the router none here.
+    workers = worker_headers(stack.data_dir, "smollm2-1p1d")
     for _ in range(3):
-        for url in (stack.router, "http://127.0.0.1:8100", "http://127.0.0.1:8200"):
-            assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+        for url, headers in ((stack.router, {}), ("http://127.0.0.1:8100", workers),
+                             ("http://127.0.0.1:8200", workers)):
+            assert httpx.post(f"{url}/v1/completions", json=body, headers=headers,
+                              timeout=60).status_code == 200
     body = stack.deployment()
     assert body["state"] == "ready"
     assert all(p["restarts"] == 0 for p in body["processes"])

@@ -36,6 +36,7 @@ from tests.console_api import ConsoleApi, admin_token, spawn_console
 from tests.e2e.stale_prefill import StaleHandoffPrefill
 from tests.netns import Host, Hosts
 from tests.tiny_llama import build_tiny_llama
+from tests.worker_key import worker_headers
 
 pytestmark = pytest.mark.vllm
 
@@ -85,6 +86,9 @@ class TwoNodes(ConsoleApi):
         self.processes[f"agent-{name}"] = agent
         return agent
 
+    def worker_headers(self) -> dict[str, str]:
+        return worker_headers(self.data_dir, NAME, self.env)
+
     def get(self, path: str, **params: Any) -> Any:
         response = self.call("GET", path, params=params)
         assert response.status_code == 200, f"{path}: {response.status_code} {response.text}"
@@ -102,7 +106,9 @@ class TwoNodes(ConsoleApi):
         return next(p for p in body["processes"] if p["slot"] == slot)
 
     def chat(self, content: str, max_tokens: int = 8, url: str | None = None) -> str:
-        response = httpx.post(f"{url or self.router}/v1/chat/completions", timeout=120, json={
+        # A worker (url given) wants the deployment's key; the router none here.
+        response = httpx.post(f"{url or self.router}/v1/chat/completions", timeout=120,
+                              headers=self.worker_headers() if url else {}, json={
             "model": NAME, "max_tokens": max_tokens, "temperature": 0,
             "messages": [{"role": "user", "content": content}]})
         assert response.status_code == 200, response.text
@@ -133,6 +139,9 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoNodes]:
            "DATABASE_URL": f"postgres://postgres@127.0.0.1:{POSTGRES}/{database}",
            "REDIS_URL": f"redis://127.0.0.1:{REDIS_PORT}/{redis_db}",
            "DJANGO_SUPERUSER_PASSWORD": ADMIN_PASSWORD,
+           # Shared by the console and every agent, as in production: the workers' keys derive
+           # from it where they start (the agent) and where they are called (router, collector).
+           "PDSERVE_SECRET_KEY": f"two-nodes-{uuid.uuid4().hex}",
            "PDSERVE_AGENT_HEARTBEAT_MS": str(HEARTBEAT_MS), "PDSERVE_AGENT_GRACE_MS": str(GRACE_MS),
            "PDSERVE_ALERT_TICK_MS": "1000"}
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO,
@@ -267,7 +276,7 @@ def test_the_output_equals_a_single_servers_and_the_kv_crossed_the_veth(
     decode_url = f"http://{node_b.address}:{two_nodes.process('decode-0')['port']}"
     single = two_nodes.chat(LONG_PROMPT, url=decode_url)
     assert pd == single
-    prompt_tokens = httpx.post(f"{decode_url}/tokenize", json={
+    prompt_tokens = httpx.post(f"{decode_url}/tokenize", headers=two_nodes.worker_headers(), json={
         "model": NAME, "messages": [{"role": "user", "content": LONG_PROMPT}]}).json()["count"]
     kv_bytes = prompt_tokens * 2 * 2 * 64 * 4  # layers x K,V x head dim x fp32, one KV head
     two_nodes.report["KV bytes of the prompt"] = kv_bytes
@@ -401,7 +410,8 @@ def test_node_bs_supervisor_restarts_a_killed_decode_and_a_stale_announcement_fa
     prefill = two_nodes.process("prefill-0")
     prefill_url = f"http://{two_nodes.hosts['node-a'].address}:{prefill['port']}"
     # What the router's first call does: prefill keeps the KV for a remote decode (its lease).
-    held = httpx.post(f"{prefill_url}/v1/completions", timeout=120, json={
+    held = httpx.post(f"{prefill_url}/v1/completions", timeout=120,
+                      headers=two_nodes.worker_headers(), json={
         "model": NAME, "prompt": LONG_PROMPT, "max_tokens": 1, "stream": False,
         "return_token_ids": True, "kv_transfer_params": dict(NIXL_PREFILL_PARAMS)})
     assert held.status_code == 200, held.text
@@ -426,7 +436,8 @@ def test_node_bs_supervisor_restarts_a_killed_decode_and_a_stale_announcement_fa
     # (Decode's prompt must be exactly prefill's tokens: a longer one kills a NIXL decode.)
     prompt = prompt_token_ids("completions", held.json())
     assert prompt, held.json()
-    stale = httpx.post(f"{decode_url}/v1/completions", timeout=120, json={
+    stale = httpx.post(f"{decode_url}/v1/completions", timeout=120,
+                       headers=two_nodes.worker_headers(), json={
         "model": NAME, "prompt": prompt, "max_tokens": 4, "kv_transfer_params": announced})
     assert stale.status_code in (200, 500), stale.text
     assert httpx.get(f"{decode_url}/health", timeout=10).status_code == 200
