@@ -23,6 +23,7 @@ from console.checks.suite import Report, run_checks
 from console.control.agent_tasks import notify_agents
 from console.control.kv_storage import remove_deployment_kv_dirs
 from console.control.worker_specs import chat_template_path
+from console.deployments.engine_args import FIELD, check_engine_args
 from console.deployments.models import Deployment
 from console.deployments.plans import PlanInput, PoolInput, save_plan
 from console.fleet.services import local_node
@@ -132,7 +133,11 @@ def save(data: PlanInput, deployment: Deployment | None = None,
 
     A running deployment's workers are its live revision: an edit that changes a revision field
     or a role's variant saves none of that and raises :class:`DraftMade` with a draft revision
-    holding it (the edit's live part, if any, is applied). A stopped plan is edited in place."""
+    holding it (the edit's live part, if any, is applied). A stopped plan is edited in place.
+
+    Extra engine flags that change need their role of ``user`` (None: a management command)."""
+    if FIELD in data.fields:
+        _check_engine_args(data, deployment, user)
     live = _running_revision(deployment)
     try:
         with transaction.atomic():
@@ -152,6 +157,17 @@ def save(data: PlanInput, deployment: Deployment | None = None,
         deployment.refresh_from_db()  # save_plan set the edit's values on it
         _draft(data, deployment, live, change.spec, user)
     return saved, report
+
+
+def _check_engine_args(data: PlanInput, deployment: Deployment | None,
+                       user: AbstractBaseUser | None) -> None:
+    """The plan's extra engine flags against the stored ones: a flag that changes needs its
+    role in the team the plan is in (or goes to)."""
+    stored = (Deployment.objects.filter(pk=deployment.pk).values_list(FIELD, flat=True).first()
+              if deployment is not None and deployment.pk else None)
+    team = data.fields.get("team")
+    team_id = team.pk if team is not None else deployment.team_id if deployment else None
+    check_engine_args(data.fields[FIELD], user, team_id, before=stored or [])
 
 
 def _running_revision(deployment: Deployment | None) -> Revision | None:

@@ -7,10 +7,10 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from console.accounts.roles import default_team_id
+from console.deployments.engine_args import validate_engine_args
 from console.fleet.services import local_node_id
 from console.validators import validate_core_list, validate_port
 from inference.kv_channels import CHANNEL_NAMES
-from inference.launch import PARALLEL_FLAGS
 
 MAX_CONTEXT = 1_048_576
 # Words the console's own URLs use after /deployments/.
@@ -40,31 +40,6 @@ MAX_CHAT_TEMPLATE = 65_536
 def validate_deployment_name(value: str) -> None:
     if value in RESERVED_NAMES:
         raise ValidationError(f"{value!r} is reserved; choose another name")
-
-
-# Flags the plan sets itself (from its own fields) or the launcher owns: given again as extra
-# engine flags they would contradict the plan, or the router's view of the workers.
-OWNED_ENGINE_FLAGS = frozenset({
-    "--model", "--served-model-name", "--host", "--port", "--max-model-len", "--dtype",
-    "--kv-cache-dtype", "--block-size", "--kv-transfer-config", "--override-generation-config",
-    "--tool-call-parser", "--enable-auto-tool-choice", "--chat-template", "--reasoning-parser",
-    "--enforce-eager", "--disable-access-log-for-endpoints",
-})
-
-
-def validate_engine_args(value: object) -> None:
-    if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
-        raise ValidationError('expected a list of vllm serve arguments such as '
-                              '["--max-num-seqs", "4"]')
-    if value and not value[0].startswith("--"):
-        raise ValidationError(f"the first argument must be a flag (--name), got {value[0]!r}")
-    for argument in value:
-        flag = argument.split("=", 1)[0]
-        if flag in PARALLEL_FLAGS:
-            raise ValidationError(f"{flag} follows from each instance's GPUs (tensor parallel "
-                                  "over them); give the instances GPUs instead")
-        if flag in OWNED_ENGINE_FLAGS:
-            raise ValidationError(f"{flag} is set from the plan's own fields; change those instead")
 
 
 def validate_sampling_defaults(value: object) -> None:

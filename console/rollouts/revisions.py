@@ -19,6 +19,7 @@ from django.db.models import Max
 from console.audit.entries import record
 from console.catalog.models import Variant
 from console.checks.suite import Report, run_checks
+from console.deployments.engine_args import check_engine_args
 from console.deployments.models import Deployment, WorkerPlan
 from console.deployments.plans import (
     POOL_ROLES,
@@ -183,6 +184,10 @@ def create_draft(deployment: Deployment, fields: dict[str, Any], variants: dict[
     if unknown:
         raise ValidationError({name: "not a revision field" for name in unknown})
     base = ensure_live(deployment)
+    if "extra_engine_args" in fields:
+        # Only the flags that differ from the live revision's need the user's role.
+        check_engine_args(fields["extra_engine_args"], user, deployment.team_id,
+                          before=base.spec.get("extra_engine_args") or [])
     spec = {**base.spec, **fields}
     roles = POOL_ROLES[Deployment.Mode(spec["mode"])]
     pools: dict[str, Any] = {}

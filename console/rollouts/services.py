@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from console.deployments.engine_args import check_engine_args
 from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
 from console.rollouts import capacity, revisions
@@ -178,6 +179,13 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
         blue = revisions.ensure_live(deployment)
         if revision.pk == blue.pk:
             raise RolloutRefused(f"r{revision.number} is the live revision already", "revision")
+        # The rollout writes the revision's flags into the plan: each that differs from blue's
+        # needs its role of the one rolling out or of the draft's author (a superuser's draft
+        # may be rolled out by an operator; an operator's draft cannot gain flags through a live
+        # revision that changed since). No author: the plan as once started, or a command's.
+        check_engine_args(revision.spec.get("extra_engine_args") or [], user,
+                          deployment.team_id, before=blue.spec.get("extra_engine_args") or [],
+                          author=revision.created_by, authored=True)
         report = revisions.check_spec(deployment, revision.spec)
         if not report.ok:
             errors = "; ".join(f"{o.id}: {o.message}" for o in report.errors)

@@ -116,7 +116,7 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.UpdateModelMixin,
                                                     Role.ADMIN)
         except ValidationError as exc:
             raise serializers.ValidationError(exc.message_dict) from exc
-        deployment, checks = _save(data)
+        deployment, checks = _save(data, user=request.user)
         return Response(self._read(deployment, checks=checks), status=status.HTTP_201_CREATED)
 
     @extend_schema(responses=EDIT_RESPONSES)
