@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -70,3 +71,18 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ImproperlyConfigured(f"{name}: expected one of {', '.join(choices)}, got {raw!r}")
     return value
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def env_networks(name: str) -> tuple[IPNetwork, ...]:
+    """A comma-separated list of networks (``127.0.0.1/32,10.0.0.0/8,fd00::/8``; a bare address
+    is its own /32 or /128); empty or unset: none."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=True))
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not a network ({exc})") from exc
+    return tuple(networks)

@@ -15,7 +15,16 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.utils import get_random_secret_key
 
-from console.env import env_bool, env_choice, env_int, env_list, env_path, env_secret, env_str
+from console.env import (
+    env_bool,
+    env_choice,
+    env_int,
+    env_list,
+    env_networks,
+    env_path,
+    env_secret,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = env_path("PDSERVE_DATA_DIR", BASE_DIR / "data")
@@ -299,6 +308,11 @@ EMAIL_HOST_USER = env_str("PDSERVE_EMAIL_USER", "")
 EMAIL_HOST_PASSWORD = env_secret("PDSERVE_EMAIL_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("PDSERVE_EMAIL_TLS", False)
 DEFAULT_FROM_EMAIL = env_str("PDSERVE_EMAIL_FROM", "pdserve@localhost")
+# Webhook notifiers reach public addresses only: loopback, private, link-local (the cloud
+# metadata service), CGNAT, multicast and reserved addresses are refused when a notifier is
+# saved and again when each request is sent. A deployer names here the networks where in-house
+# receivers live ("127.0.0.1/32,10.0.0.0/8"); team admins cannot widen it.
+PDSERVE_WEBHOOK_ALLOWED_NETWORKS = env_networks("PDSERVE_WEBHOOK_ALLOWED_NETWORKS")
 
 # Production is reached over HTTPS through a TLS proxy (PDSERVE_TLS=0: over plain HTTP, and
 # `check --deploy` says what that costs). The proxy passes X-Forwarded-Proto: uvicorn takes it
