@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.alerts.models import Alert, AlertRule, Notifier, Silence
+from console.alerts.notifiers.targets import audit_url
 from console.alerts.streams import changed_alert_messages, silence_messages
 from console.audit.entries import delete_recorded, record, snapshot
 from console.live.broadcast import send_all
@@ -98,23 +99,32 @@ def acknowledge(alert: Alert, user: AbstractBaseUser, comment: str) -> Alert:
     return alert
 
 
+def _notifier_snapshot(notifier: Notifier) -> dict[str, Any]:
+    """The notifier's fields for its audit entry, the webhook URL masked (every member of the
+    team reads the entry; the URL is often the receiver's credential) with a tag that shows
+    when it changed."""
+    fields = snapshot(notifier, NOTIFIER_FIELDS)
+    fields["url"] = audit_url(notifier.url)
+    return fields
+
+
 @transaction.atomic
 def create_notifier(fields: dict[str, Any]) -> Notifier:
     notifier = Notifier.objects.create(**fields)
-    record("notifier.create", notifier, after=snapshot(notifier, NOTIFIER_FIELDS))
+    record("notifier.create", notifier, after=_notifier_snapshot(notifier))
     return notifier
 
 
 @transaction.atomic
 def update_notifier(notifier: Notifier, changes: dict[str, Any]) -> Notifier:
-    before = snapshot(notifier, NOTIFIER_FIELDS)
+    before = _notifier_snapshot(notifier)
     for name, value in changes.items():
         setattr(notifier, name, value)
     notifier.save()
-    record("notifier.edit", notifier, before=before, after=snapshot(notifier, NOTIFIER_FIELDS))
+    record("notifier.edit", notifier, before=before, after=_notifier_snapshot(notifier))
     return notifier
 
 
 @transaction.atomic
 def delete_notifier(notifier: Notifier) -> None:
-    delete_recorded("notifier.delete", notifier, snapshot(notifier, NOTIFIER_FIELDS))
+    delete_recorded("notifier.delete", notifier, _notifier_snapshot(notifier))

@@ -33,6 +33,7 @@ from console.alerts.models import (
     Notifier,
     Silence,
 )
+from console.alerts.notifiers.targets import masked_url
 from console.alerts.rule_preview import preview
 from console.deployments.models import Deployment
 
@@ -281,7 +282,10 @@ def _notifiers_page(request: HttpRequest, form: NotifierForm | None = None,
         "notifier", "deployment").prefetch_related("attempt_log"), request.user,
         "notifier__team")[:50]
     return render(request, "alerts/notifiers.html", {
-        "notifiers": [(n, may(request.user, n.team_id, Role.ADMIN)) for n in notifiers],
+        # A webhook's URL in full only to whoever may edit it (targets.masked_url).
+        "notifiers": [(n, editable, n.url if editable else masked_url(n.url))
+                      for n in notifiers
+                      for editable in [may(request.user, n.team_id, Role.ADMIN)]],
         "deliveries": deliveries, "form": form, "can_create": bool(admin_teams)},
         status=status)
 

@@ -204,10 +204,10 @@ CHANGES: dict[tuple[str, str], Change] = {
         "comment": "upgrade"}, "silence.create"),
     ("api/v1/silences/{pk}/expire/", "post"): Change("operator", _none, "silence.expire"),
     ("api/v1/notifiers/", "post"): Change("admin", lambda w: {
-        "team": "alpha", "name": "pager", "kind": "webhook", "url": "http://127.0.0.1:9/p"},
+        "team": "alpha", "name": "pager", "kind": "webhook", "url": "https://hooks.example.com/p"},
         "notifier.create"),
     ("api/v1/notifiers/{pk}/", "put"): Change("admin", lambda w: {
-        "name": "hook2", "kind": "webhook", "url": "http://127.0.0.1:9/q"}, "notifier.edit"),
+        "name": "hook2", "kind": "webhook", "url": "https://hooks.example.com/q"}, "notifier.edit"),
     ("api/v1/notifiers/{pk}/", "patch"): Change("admin", lambda w: {"enabled": False},
                                                 "notifier.edit"),
     ("api/v1/notifiers/{pk}/", "delete"): Change("admin", _none, "notifier.delete"),
@@ -222,7 +222,7 @@ CHANGES: dict[tuple[str, str], Change] = {
     ("alerts/silences/{pk}/expire/", "post"): Change("operator", _none, "silence.expire"),
     ("alerts/notifiers/new/", "post"): Change("admin", lambda w: {
         "team": str(w.alpha.pk), "name": "pager2", "kind": "webhook", "enabled": "on",
-        "url": "http://127.0.0.1:9/p", "recipients": "[]", "send_resolved": "on",
+        "url": "https://hooks.example.com/p2", "recipients": "[]", "send_resolved": "on",
         "min_severity": "info", "timeout_s": "5", "max_attempts": "5"}, "notifier.create"),
     ("alerts/notifiers/{pk}/delete/", "post"): Change("admin", _none, "notifier.delete"),
     # revisions and rollouts

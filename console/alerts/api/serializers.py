@@ -7,8 +7,8 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from console.accounts.models import Team
-from console.accounts.roles import visible
+from console.accounts.models import Role, Team
+from console.accounts.roles import may, visible
 from console.alerts import series as catalog
 from console.alerts.evaluation import TICK_FACTS, TICK_S
 from console.alerts.matchers import LABEL_NAME, validate
@@ -23,6 +23,7 @@ from console.alerts.models import (
     Scope,
     Silence,
 )
+from console.alerts.notifiers.targets import TargetRefused, check_url, masked_url
 from console.deployments.models import Deployment
 
 # The collector's interval: a window must hold at least one snapshot.
@@ -196,6 +197,27 @@ class NotifierSerializer(serializers.ModelSerializer):
         read_only_fields = ["created"]
         extra_kwargs = {"timeout_s": {"min_value": 0.1, "max_value": 60.0},
                         "max_attempts": {"min_value": 1, "max_value": 20}}
+
+    def validate_url(self, url: str) -> str:
+        if self.instance is not None and url and url == masked_url(self.instance.url):
+            return self.instance.url  # the masked form a reader got, sent back: unchanged
+        if url:
+            try:
+                check_url(url)
+            except TargetRefused as exc:
+                raise serializers.ValidationError(str(exc)) from None
+        return url
+
+    def to_representation(self, notifier: Notifier) -> dict[str, Any]:
+        """A webhook's URL is often its credential: whoever may not edit the notifier (a viewer
+        or operator of its team) reads ``scheme://host/…``. Leaving ``url`` out of an edit keeps
+        it."""
+        data = super().to_representation(notifier)
+        request = self.context.get("request")
+        user = getattr(request, "user", None)
+        if user is None or not may(user, notifier.team_id, Role.ADMIN):
+            data["url"] = masked_url(notifier.url)
+        return data
 
     def validate_recipients(self, recipients: Any) -> list[str]:
         field = serializers.EmailField()
