@@ -11,6 +11,9 @@ or inhibited) alert is not notified, nor is its resolution unless the notifier a
 A delivery is retried with exponential backoff until it is sent or ``max_attempts`` ran out;
 each attempt is a ``DeliveryAttempt`` row.
 
+Teams share the worker's senders fairly (``DeliveryWorker``): one team's slow receivers hold
+at most a few of them, never another team's alerts.
+
 Several console processes may each run a worker: a worker claims a delivery by moving its
 ``next_attempt_at`` past the send's timeout in one conditional UPDATE, so no other worker picks
 it meanwhile, and a worker that died mid-send leaves it to be retried once the claim lapses.
@@ -27,10 +30,12 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, connections, transaction
+from django.db.models import Min
 from django.utils import timezone
 
 from console.alerts.models import Alert, AlertState, Delivery, DeliveryAttempt, Notifier, Severity
@@ -207,18 +212,24 @@ class DeliveryWorker:
     """Sends due deliveries on a small thread pool, from a thread of its own.
 
     A worker claims no more deliveries than it has free senders, so one hanging receiver holds
-    one sender for at most its timeout and the others go on. A stopped worker does not start
-    again.
+    one sender for at most its timeout and the others go on. Teams share the senders: a team
+    holds at most ``per_team`` of them at once, and free senders go round-robin to the teams
+    with due deliveries, the team that has waited longest first, so a team whose receivers hang
+    (or that has a thousand deliveries due) cannot make another team's alerts wait for them. A
+    stopped worker does not start again.
     """
 
-    def __init__(self, senders: int = 4, poll_s: float = 1.0) -> None:
+    def __init__(self, senders: int = 8, per_team: int = 2, poll_s: float = 1.0) -> None:
         if senders < 1:
             raise ValueError(f"senders must be at least 1, not {senders}")
+        if not 1 <= per_team <= senders:
+            raise ValueError(f"per_team must be between 1 and senders ({senders}), not {per_team}")
         self.senders = senders
+        self.per_team = per_team
         self.poll_s = poll_s
         self._pool = ThreadPoolExecutor(max_workers=senders, thread_name_prefix="alert-sender")
         self._lock = threading.Lock()
-        self._in_flight = 0
+        self._in_flight: dict[int, int] = {}  # team id: its deliveries being sent
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -260,28 +271,49 @@ class DeliveryWorker:
 
     def _dispatch(self, now: datetime) -> list[Future[None]]:
         with self._lock:
-            free = self.senders - self._in_flight
+            busy = {team: count for team, count in self._in_flight.items() if count}
+        free = self.senders - sum(busy.values())
         if free <= 0:
             return []
         futures = []
-        for delivery in _claim(now, free):
+        for delivery in _claim(now, free, self.per_team, busy):
+            team = delivery.notifier.team_id
             with self._lock:
-                self._in_flight += 1
+                self._in_flight[team] = self._in_flight.get(team, 0) + 1
             future = self._pool.submit(_attempt, delivery)
-            future.add_done_callback(self._finished)
+            future.add_done_callback(partial(self._finished, team))
             futures.append(future)
         return futures
 
-    def _finished(self, _future: Future[None]) -> None:
+    def _finished(self, team: int, _future: Future[None]) -> None:
         with self._lock:
-            self._in_flight -= 1
+            self._in_flight[team] -= 1
 
 
-def _claim(now: datetime, limit: int) -> list[Delivery]:
-    due = list(Delivery.objects.filter(state=Delivery.State.PENDING, next_attempt_at__lte=now)
-               .select_related("notifier").order_by("next_attempt_at", "pk")[:limit])
+def _fair_share(now: datetime, free: int, per_team: int, busy: dict[int, int]) -> list[Delivery]:
+    """Up to ``free`` due deliveries, taken round-robin from the teams with room left (fewer
+    than ``per_team`` in flight), the team whose oldest delivery has waited longest first, and
+    within a team oldest first."""
+    due = Delivery.objects.filter(state=Delivery.State.PENDING, next_attempt_at__lte=now)
+    full = [team for team, count in busy.items() if count >= per_team]
+    # One query for the teams, one for each of at most ``free`` of them.
+    teams = list(due.exclude(notifier__team_id__in=full).values("notifier__team_id")
+                 .annotate(oldest=Min("next_attempt_at")).order_by("oldest", "notifier__team_id")
+                 .values_list("notifier__team_id", flat=True)[:free])
+    queues = {team: list(due.filter(notifier__team_id=team).select_related("notifier")
+                         .order_by("next_attempt_at", "pk")[:per_team - busy.get(team, 0)])
+              for team in teams}
+    chosen: list[Delivery] = []
+    while len(chosen) < free and any(queues.values()):
+        for team in teams:
+            if queues[team] and len(chosen) < free:
+                chosen.append(queues[team].pop(0))
+    return chosen
+
+
+def _claim(now: datetime, free: int, per_team: int, busy: dict[int, int]) -> list[Delivery]:
     claimed = []
-    for delivery in due:
+    for delivery in _fair_share(now, free, per_team, busy):
         until = now + timedelta(seconds=CLAIM_TIMEOUTS * delivery.notifier.timeout_s
                                 + CLAIM_MARGIN_S)
         # The condition is the claim: of two workers that saw it due, one UPDATE matches.
