@@ -4,8 +4,9 @@ The console's collector scrapes every vLLM worker and the router once a second; 
 needs a few rates, gauges and latency quantiles per process, not the whole exposition. Rates and
 quantiles are taken over the interval between the two scrapes, the way Prometheus' ``rate()``
 and ``histogram_quantile()`` would over a window of that length: a counter that went backwards
-was reset (the process restarted) and counts from zero, and quantiles interpolate linearly inside
-the bucket that holds the rank.
+was reset (the process restarted) and counts from zero, and quantiles are Prometheus'
+``histogram_quantile`` of the buckets' increase. Text and quantiles are read in
+inference/prom_text.py, as the rollout analysis and the console's re-export read them.
 
 Metric names are what vLLM 0.32 (``vllm/v1/metrics/loggers.py``, NIXL's ``nixl/stats.py``) and
 pdserve's router (``inference/router/metrics.py``) put in the text: counters carry ``_total``.
@@ -18,10 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-Labels = dict[str, str]
-Series = list[tuple[Labels, float]]
+from inference import prom_text
+from inference.prom_text import Labels, Series, histogram_quantile
 
 # vLLM worker
 RUNNING = "vllm:num_requests_running"
@@ -81,38 +80,11 @@ class Scrape:
 
 def parse(text: str, at: float) -> Scrape:
     """Parse the wanted samples of a Prometheus text exposition taken at ``at`` seconds."""
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith(_WANTED))
-    samples: dict[str, Series] = defaultdict(list)
-    for family in text_string_to_metric_families(wanted):
-        for sample in family.samples:
-            samples[sample.name].append((dict(sample.labels), float(sample.value)))
-    return Scrape(at=at, samples=dict(samples))
+    return Scrape(at=at, samples=prom_text.samples(text, _WANTED))
 
 
-def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
-    """Prometheus' ``histogram_quantile`` over cumulative ``(upper bound, count)`` buckets.
-
-    None where Prometheus answers NaN: no observations, or no ``+Inf`` bucket.
-    """
-    buckets = sorted(buckets)
-    if len(buckets) < 2 or not math.isinf(buckets[-1][0]) or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    index = next((i for i, (_, count) in enumerate(buckets[:-1]) if count >= rank), len(buckets) - 1)
-    if index == len(buckets) - 1:
-        # The rank lies in the +Inf bucket: the highest finite bound is all that is known.
-        return buckets[-2][0]
-    upper, count = buckets[index]
-    if index == 0 and upper <= 0:
-        return upper
-    lower, below = buckets[index - 1] if index > 0 else (0.0, 0.0)
-    if count <= below:
-        return upper
-    return lower + (upper - lower) * (rank - below) / (count - below)
-
-
-def _key(labels: Labels, without: str = "") -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in labels.items() if k != without))
+def _key(labels: Labels) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))
 
 
 def _counter_deltas(prev: Scrape, cur: Scrape, name: str) -> list[tuple[Labels, float]]:
@@ -143,16 +115,16 @@ def _rates_by(prev: Scrape | None, cur: Scrape, name: str, label: str) -> dict[s
 def _interval_buckets(prev: Scrape, cur: Scrape, histogram: str) -> list[tuple[float, float]]:
     """Cumulative buckets of the observations made between the scrapes, summed over series."""
     name = f"{histogram}_bucket"
-    before = {_key(labels): value for labels, value in prev.samples.get(name, [])}
-    series: dict[tuple[tuple[str, str], ...], list[tuple[Labels, float, float]]] = defaultdict(list)
-    for labels, value in cur.samples.get(name, []):
-        series[_key(labels, without="le")].append((labels, value, before.get(_key(labels), 0.0)))
+    series: dict[tuple[tuple[str, str], ...], list[list[prom_text.Bucket]]] = defaultdict(
+        lambda: [[], []])
+    for index, scrape in enumerate((prev, cur)):
+        for labels, value in scrape.samples.get(name, []):
+            series[prom_text.bucket_key(labels)][index].append((float(labels["le"]), value))
     summed: dict[float, float] = defaultdict(float)
-    for rows in series.values():
+    for before, after in series.values():
         # One bucket going backwards means the whole histogram was reset.
-        reset = any(value < old for _, value, old in rows)
-        for labels, value, old in rows:
-            summed[float(labels["le"])] += value if reset else value - old
+        for bound, count in prom_text.increase(before, after):
+            summed[bound] += count
     return sorted(summed.items())
 
 
