@@ -19,10 +19,12 @@ Two checks use it:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +68,22 @@ def canonical(action: argparse.Action) -> str:
     return next((s for s in action.option_strings if s.startswith("--")), action.dest)
 
 
+@contextlib.contextmanager
+def keeping_environment() -> Iterator[None]:
+    """Importing vLLM sets variables for torch and triton (LD_LIBRARY_PATH, TORCHINDUCTOR_*):
+    the console's processes, and the workers the supervisor starts from its environment, must
+    not inherit them from a check."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+
+
 @functools.cache
 def serve_parser() -> argparse.ArgumentParser:
     """vLLM's own `vllm serve` parser, made to record instead of act: each action notes what it
@@ -73,8 +91,9 @@ def serve_parser() -> argparse.ArgumentParser:
     are checked afterwards, for the flags that pass, by :func:`_check_values`). Errors raise
     :class:`EngineArgsError` instead of exiting; ``--config`` files are never read. Cached: the
     import of vLLM is paid once per process."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    with keeping_environment():
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     class CheckingParser(FlexibleArgumentParser):
         def error(self, message: str) -> Any:  # type: ignore[override]

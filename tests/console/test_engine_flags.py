@@ -3,6 +3,8 @@ path that writes them into a plan (plan create and edit, draft by API and page, 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 
 from console.accounts.models import Membership, Role, Team
-from console.deployments.engine_args import canonical, given_flags
+from console.deployments.engine_args import canonical, given_flags, keeping_environment
 from console.deployments.engine_flags import CLASSES, FlagClass
 from console.deployments.models import Deployment
 from console.rollouts import revisions
@@ -49,8 +51,9 @@ TUNING = ["--max-num-seqs", "64", "--enable-prefix-caching", "--gpu-memory-utili
 
 def vllm_serve_flags() -> set[str]:
     """Every flag of vLLM's own `vllm serve` parser, named as the table names them."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    with keeping_environment():
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     return {canonical(action) for action in make_arg_parser(FlexibleArgumentParser())._actions}
 
@@ -86,6 +89,22 @@ def test_unknown_flags_and_bad_values_are_refused(args: Any, problem: str) -> No
     with pytest.raises(ValidationError) as refused:
         given_flags(args)
     assert problem in " ".join(refused.value.messages)
+
+
+def test_reading_flags_leaves_the_processes_environment_alone() -> None:
+    # In a fresh process: importing vLLM sets torch's variables, which the supervisor's workers
+    # would inherit from a console process that checked a plan.
+    script = ("import os, django\n"
+              "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'console.settings')\n"
+              "django.setup()\n"
+              "before = dict(os.environ)\n"
+              "from console.deployments.engine_args import given_flags\n"
+              "assert given_flags(['--max-num-seqs', '4'])[0].flag == '--max-num-seqs'\n"
+              "import vllm\n"
+              "assert dict(os.environ) == before, set(os.environ) ^ set(before)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_forms_vllm_accepts_map_to_one_flag() -> None:
