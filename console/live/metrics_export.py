@@ -5,7 +5,8 @@ with every plan. Every sample gets ``deployment`` and ``process`` labels; a labe
 name already on a sample is kept as ``exported_<name>``, as Prometheus does when it scrapes.
 Each reader gets the deployments of their teams (``deployments``; None: all, a superuser's).
 Later apps add families of their own (alerts: its facts, for its Prometheus rule file) through
-``register_provider``: live may not import them.
+``register_provider``: live may not import them. Scrapes are read by inference/prom_text.py, the
+one reader of the text format (the snapshots and the rollout analysis use it too).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from datetime import datetime, timedelta
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from console.live.models import MetricSample, ProcessScrape
+from inference import prom_text
 
 # Older scrapes belong to processes that stopped (or to a collector that did): re-exporting
 # their frozen counters would show them as alive.
@@ -60,7 +61,7 @@ def scraped_families(now: datetime, deployments: Collection[int] | None = None) 
                                                                 "process__slot"))
     for scrape in scrapes:
         extra = {"deployment": scrape.process.deployment.name, "process": scrape.process.slot}
-        for family in text_string_to_metric_families(scrape.text):
+        for family in prom_text.families(scrape.text):
             merged = families.setdefault(family.name, Metric(family.name, family.documentation,
                                                              family.type, family.unit))
             merged.samples.extend(_relabelled(sample, extra) for sample in family.samples)

@@ -3,18 +3,19 @@ twice, and the difference judged against the rollout's limits.
 
 Every limit is absolute (``max``) or relative to blue over the same window (``max_ratio``). A
 side with fewer requests than the minimum makes the window inconclusive, which holds the step:
-never a pass. Quantiles come from the histograms' buckets as Prometheus' histogram_quantile
-computes them (linear within the bucket).
+never a pass. The text is read and the quantiles computed by inference/prom_text.py, as the
+dashboard's snapshots and the alerts read them: Prometheus' histogram_quantile over the buckets'
+increase in the window (a router restarted within it counts from zero, as ``rate()`` does).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+from inference import prom_text
+from inference.prom_text import histogram_quantile
 
 REQUESTS = "pdserve_router_requests_total"
 HANDOFF_FAILURES = "pdserve_router_handoff_failures_total"
@@ -24,6 +25,9 @@ LATENCIES = {"ttft_p95": "pdserve_router_ttft_seconds", "itl_p95": "pdserve_rout
 QUANTILE = 0.95
 # The revision label of a scrape whose revisions are summed (``merged``).
 ALL = "*"
+# The router's /metrics lines the analysis reads (the parser reads only these).
+_WANTED = (REQUESTS, HANDOFF_FAILURES, HANDOFFS,
+           *(f"{name}_bucket" for name in LATENCIES.values()))
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
@@ -57,48 +61,27 @@ def _bound(value: float) -> float | str:
 
 
 def parse(text: str) -> Scrape:
+    """The router's per-revision counters and latency buckets (summed by revision and ``le``);
+    samples without a ``revision`` label are not a revision's."""
     scrape = Scrape()
-    histograms = {f"{name}_bucket": metric for metric, name in LATENCIES.items()}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            revision = sample.labels.get("revision")
+    samples = prom_text.samples(text, _WANTED)
+    for name, key in ((REQUESTS, "requests"), (HANDOFFS, "handoffs"),
+                      (HANDOFF_FAILURES, "handoff_failures")):
+        for labels, value in samples.get(name, []):
+            revision = labels.get("revision")
             if revision is None:
                 continue
             counts = scrape.counts.setdefault(revision, {})
-            if sample.name == REQUESTS:
-                counts["requests"] = counts.get("requests", 0.0) + sample.value
-                if sample.labels.get("status", "").startswith("5"):
-                    counts["errors"] = counts.get("errors", 0.0) + sample.value
-            elif sample.name == HANDOFFS:
-                counts["handoffs"] = counts.get("handoffs", 0.0) + sample.value
-            elif sample.name == HANDOFF_FAILURES:
-                counts["handoff_failures"] = counts.get("handoff_failures", 0.0) + sample.value
-            elif sample.name in histograms:
-                rows = scrape.buckets.setdefault(revision, {}).setdefault(
-                    histograms[sample.name], [])
-                rows.append((float(sample.labels["le"]), sample.value))
-    for by_metric in scrape.buckets.values():
-        for rows in by_metric.values():
-            rows.sort()
+            counts[key] = counts.get(key, 0.0) + value
+            if name == REQUESTS and labels.get("status", "").startswith("5"):
+                counts["errors"] = counts.get("errors", 0.0) + value
+    for metric, name in LATENCIES.items():
+        series = [(labels, value) for labels, value in samples.get(f"{name}_bucket", [])
+                  if "revision" in labels]
+        for (revision,), rows in prom_text.histograms(series, by=("revision",)).items():
+            scrape.counts.setdefault(revision, {})
+            scrape.buckets.setdefault(revision, {})[metric] = rows
     return scrape
-
-
-def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
-    """Prometheus' histogram_quantile over cumulative ``(upper bound, count)`` rows."""
-    rows = sorted(buckets)
-    if not rows or rows[-1][1] <= 0:
-        return None
-    rank = q * rows[-1][1]
-    lower, below = 0.0, 0.0
-    for bound, count in rows:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower  # the highest finite bound, as Prometheus answers
-            if count == below:
-                return bound
-            return lower + (bound - lower) * (rank - below) / (count - below)
-        lower, below = bound, count
-    return lower
 
 
 def merged(scrape: Scrape) -> Scrape:
@@ -132,9 +115,8 @@ def window(before: Scrape, after: Scrape, revision: str,
         "handoff_failure_rate": delta("handoff_failures") / handoffs if handoffs else 0.0,
     }
     for metric in LATENCIES:
-        old = dict(before.buckets.get(revision, {}).get(metric, []))
-        rows = [(bound, count - old.get(bound, 0.0))
-                for bound, count in after.buckets.get(revision, {}).get(metric, [])]
+        rows = prom_text.increase(before.buckets.get(revision, {}).get(metric, []),
+                                  after.buckets.get(revision, {}).get(metric, []))
         values[metric] = histogram_quantile(quantile, rows)
     return values
 
