@@ -237,7 +237,9 @@ class BorrowedDeployment:
         port = free_port()
         env = {**os.environ, "PDSERVE_DATA_DIR": str(data_dir), "PDSERVE_KV_DIR": str(data_dir / "kv"),
                "PDSERVE_ADMIN_USER": "admin", "PDSERVE_ADMIN_PASSWORD": ADMIN_PASSWORD,
-               "PDSERVE_CONSOLE_PORT": str(port), "PDSERVE_ROUTER_PORT": str(free_port())}
+               "PDSERVE_CONSOLE_PORT": str(port), "PDSERVE_ROUTER_PORT": str(free_port()),
+               # tests/e2e/test_alerts_live.py's webhook receiver listens on 127.0.0.1.
+               "PDSERVE_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.1/32"}
         for name in ("DATABASE_URL", "REDIS_URL"):
             env.pop(name, None)
         manage = [sys.executable, "manage.py"]
