@@ -108,7 +108,8 @@ def serve_parser() -> argparse.ArgumentParser:
         def _pull_args_from_config(self, args: list[str]) -> list[str]:
             raise EngineArgsError("--config reads vLLM options from a file")
 
-    parser = make_arg_parser(CheckingParser(prog="vllm serve"))
+    with keeping_environment():
+        parser = make_arg_parser(CheckingParser(prog="vllm serve"))
     for action in parser._actions:
         action._pdserve_type = action.type  # type: ignore[attr-defined]
         action._pdserve_choices = action.choices  # type: ignore[attr-defined]
