@@ -24,6 +24,7 @@ from unittest import mock
 
 import httpx
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 from django.utils import timezone
 
@@ -35,6 +36,7 @@ from console.alerts.notifiers import targets
 from console.alerts.notifiers.targets import Target, check_url, masked_url
 from console.alerts.notifiers.webhook import EXCERPT, REPLY_CAP, _result
 from console.audit.models import AuditEntry
+from console.env import env_networks
 from tests.console.sockets import wait_for
 from tests.console.team_users import Crew, api_as, make_crew, member
 
@@ -490,3 +492,18 @@ def test_an_admin_of_another_team_sees_nothing_and_a_viewer_cannot_edit(crew: Cr
 def test_a_serializer_without_a_request_gives_the_masked_url() -> None:
     notifier = webhook(PUBLIC_URL)
     assert NotifierSerializer(notifier).data["url"] == masked_url(PUBLIC_URL)
+
+
+# ---- the setting -------------------------------------------------------------------------------
+def test_the_allowed_networks_setting_is_read_and_a_bad_entry_names_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(targets.SETTING, "127.0.0.1/32, 10.0.0.0/8,fd00::/8")
+    assert env_networks(targets.SETTING) == (ipaddress.ip_network("127.0.0.1/32"),
+                                             ipaddress.ip_network("10.0.0.0/8"),
+                                             ipaddress.ip_network("fd00::/8"))
+    monkeypatch.setenv(targets.SETTING, "")
+    assert env_networks(targets.SETTING) == ()
+    for bad in ("10.0.0.1/8", "localhost", "10.0.0.0/33"):
+        monkeypatch.setenv(targets.SETTING, bad)
+        with pytest.raises(ImproperlyConfigured, match=targets.SETTING):
+            env_networks(targets.SETTING)
