@@ -14,6 +14,8 @@ replaced by a pod's own:
   shared-storage KV directory on the ``<name>-kv`` claim (prefill and decode pods share it), the
   compile cache in an emptyDir, the plan's chat template from a ConfigMap, and the router's key
   set from the ``<name>-router`` Secret;
+- secrets: the router's admin token and the workers' key come from that Secret too (workers
+  refuse callers without the key on every path but /health, inference/worker_auth.py);
 - devices: a GPU pod sees its own GPUs numbered from 0 (the device plugin's), and a CPU pod the
   cores the kubelet gives it, which vLLM's default thread binding (``auto``) follows;
 - NIXL's UCX transport: no ``UCX_NET_DEVICES``, so UCX picks among the pod's devices, since
@@ -68,6 +70,7 @@ from console.control.k8s_objects import (
     SHM_LIMIT,
     TEMPLATE_DIR,
     TEMPLATE_FILE,
+    WORKER_SECRET_KEY,
     ExportError,
     RoleLayout,
     Target,
@@ -85,7 +88,7 @@ from console.control.worker_specs import has_remote_peers, router_spec, worker_s
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.services import keys_file_path
 from inference.launch import build_command
-from inference.worker_auth import ROUTER_WORKER_KEY_ENV
+from inference.worker_auth import WORKER_KEY_ENV
 
 
 def layouts(deployment: Deployment, target: Target) -> list[RoleLayout]:
@@ -219,8 +222,11 @@ def _workload(deployment: Deployment, layout: RoleLayout, target: Target,
     ports = [{"name": "http", "containerPort": layout.first.port}]
     if deployment.kv_channel == "nixl" and layout.role != "colocated":
         ports.append({"name": "nixl-side", "containerPort": layout.first.side_channel_port})
+    # The key the supervisor gives a worker in its environment; in a pod, from the Secret.
+    key = {"name": WORKER_KEY_ENV, "valueFrom": {"secretKeyRef": {
+        "name": f"{name}-router", "key": WORKER_SECRET_KEY}}}
     container: dict[str, Any] = {
-        "name": "vllm", "image": target.image, "env": environment(env),
+        "name": "vllm", "image": target.image, "env": [*environment(env), key],
         "resources": _worker_resources(layout), "volumeMounts": mounts,
     }
     labels = object_labels(name, layout.role)
@@ -274,9 +280,9 @@ def router_process(deployment: Deployment, roles: Sequence[RoleLayout],
     listening.router_host = "0.0.0.0"
     spec = router_spec(listening, [_service_view(layout, name, target) for layout in roles],
                        template_path(deployment), Path(ROUTER_SECRET_DIR / KEYS_FILE), POD_PYTHON)
-    # Not exported: the pods' workers are started without a worker key (nothing derives one
-    # there), and the console's Redis is no address of the cluster's.
-    env = {k: v for k, v in spec.env.items() if k not in (ROUTER_WORKER_KEY_ENV, "REDIS_URL")}
+    # Not exported: the console's Redis is no address of the cluster's. The worker key is
+    # there, and becomes a reference to the Secret in _router.
+    env = {k: v for k, v in spec.env.items() if k != "REDIS_URL"}
     return spec.argv, env
 
 
@@ -338,6 +344,8 @@ def needs(deployment: Deployment) -> list[str]:
         wanted.append(f"PersistentVolumeClaim {name}-kv (ReadWriteMany): the shared-storage KV "
                       "directory prefill writes and decode reads; nothing sweeps it in Kubernetes")
     keys = ["admin-token (the admin API's bearer token)",
+            f"{WORKER_SECRET_KEY} (the key every worker wants and the router sends; any long "
+            "random string)",
             f"{KEYS_FILE} (the key set the console writes to {keys_file_path(deployment)})"]
     if settings.PDSERVE_API_KEY:
         keys.append("api-key (the console's PDSERVE_API_KEY)")

@@ -26,8 +26,12 @@ TEMPLATE_DIR = PurePosixPath("/etc/pdserve/chat-template")
 TEMPLATE_FILE = "template.jinja"
 ROUTER_SECRET_DIR = PurePosixPath("/etc/pdserve/router")
 KEYS_FILE = "keys.json"
-# The router's environment variables that carry secrets, and their keys in its Secret.
-SECRET_KEYS = {"PDSERVE_ROUTER_ADMIN_TOKEN": "admin-token", "PDSERVE_API_KEY": "api-key"}
+# The router's environment variables that carry secrets, and their keys in its Secret. The
+# workers read the worker key from the same Secret (WORKER_SECRET_KEY), so router and workers
+# agree on it without the export writing it out.
+WORKER_SECRET_KEY = "worker-key"
+SECRET_KEYS = {"PDSERVE_ROUTER_ADMIN_TOKEN": "admin-token", "PDSERVE_API_KEY": "api-key",
+               "PDSERVE_WORKER_KEY": WORKER_SECRET_KEY}
 RAY_PORT = 6379
 # A Ray GPU cluster talks through shared memory (NCCL); a container's own /dev/shm is 64 MiB.
 SHM_LIMIT = "1Gi"

@@ -123,8 +123,8 @@ def pod_worker_argv(spec: ProcessSpec) -> list[str]:
     return with_values(["python3", *spec.argv[1:]], values)
 
 
-def pod_worker_env(spec: ProcessSpec, gpus: int) -> dict[str, str]:
-    env = dict(spec.env)
+def pod_worker_env(spec: ProcessSpec, gpus: int, name: str) -> dict[str, Any]:
+    env: dict[str, Any] = dict(spec.env)
     env["VLLM_HOST_IP"] = POD_IP
     env.update(VLLM_CACHE_ROOT="/var/cache/pdserve/vllm",
                TORCHINDUCTOR_CACHE_DIR="/var/cache/pdserve/inductor",
@@ -135,6 +135,8 @@ def pod_worker_env(spec: ProcessSpec, gpus: int) -> dict[str, str]:
     if "VLLM_NIXL_SIDE_CHANNEL_HOST" in env:
         env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = POD_IP
         env.pop("UCX_NET_DEVICES", None)  # the pod's devices: UCX's choice among them
+    # The key the supervisor adds at the spawn, from the router's Secret in a pod.
+    env["VLLM_API_KEY"] = {"secretKeyRef": {"name": f"{name}-router", "key": "worker-key"}}
     return env
 
 
@@ -145,7 +147,7 @@ def assert_runs_the_supervisors_worker(documents: list[dict[str, Any]], name: st
     assert vllm["command"] == pod_worker_argv(spec)
     env = vllm["env"]
     assert env[0] == {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
-    assert environment(env[1:]) == pod_worker_env(spec, gpus)
+    assert environment(env[1:]) == pod_worker_env(spec, gpus, name)
     ports = {p["name"]: p["containerPort"] for p in vllm["ports"]}
     assert ports["http"] == spec.port
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -248,9 +250,15 @@ def test_a_pd_plan_becomes_valid_objects_running_the_supervisors_commands(
     env = environment(router["env"])
     assert env["PDSERVE_ROUTER_ADMIN_TOKEN"] == {
         "secretKeyRef": {"name": f"{name}-router", "key": "admin-token"}}
-    # The worker key stays home: the pods' workers are started without one.
+    # The worker key is never written out: the router and every worker read it from the Secret.
     assert deployment_worker_key(deployment.name) not in text
-    assert {k: v for k, v in env.items() if k != "PDSERVE_ROUTER_ADMIN_TOKEN"} == {
+    worker_key = {"secretKeyRef": {"name": f"{name}-router", "key": "worker-key"}}
+    assert env["PDSERVE_WORKER_KEY"] == worker_key
+    for role in ("prefill", "decode"):
+        assert environment(container(named(documents, "Deployment", f"{name}-{role}"))["env"])[
+            "VLLM_API_KEY"] == worker_key
+    assert {k: v for k, v in env.items()
+            if k not in ("PDSERVE_ROUTER_ADMIN_TOKEN", "PDSERVE_WORKER_KEY")} == {
         k: v for k, v in supervisor["router"].env.items()
         if k not in ("PDSERVE_ROUTER_ADMIN_TOKEN", "PDSERVE_WORKER_KEY", "REDIS_URL")}
     assert router["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
@@ -325,7 +333,7 @@ def test_a_two_node_gpu_plan_gets_gpu_pods_and_spans_nodes_as_leader_worker_sets
     assert "$LWS_LEADER_ADDRESS" in follower["command"][2]
     for pod in (leader, follower):
         assert pod["resources"]["limits"]["nvidia.com/gpu"] == "2"
-        assert environment(pod["env"][1:]) == pod_worker_env(supervisor["prefill-0"], 2)
+        assert environment(pod["env"][1:]) == pod_worker_env(supervisor["prefill-0"], 2, "gpu-pd")
     service = named(documents, "Service", "gpu-pd-prefill")
     assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
     assert named(documents, "Deployment", "gpu-pd-decode")["spec"]["replicas"] == 2
