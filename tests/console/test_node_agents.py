@@ -33,7 +33,7 @@ from console.control.agent_tasks import notify_agents
 from console.control.daemon import Supervisor
 from console.control.worker_specs import ProcessSpec
 from console.deployments.models import Deployment
-from console.fleet import agent_liveness
+from console.fleet import agent_liveness, secret_fingerprint
 from console.fleet.agent_calls import listen, probe, queue_name
 from console.fleet.agent_liveness import Heartbeat, NodeMonitor, judge
 from console.fleet.models import Node, NodeAgent
@@ -234,6 +234,28 @@ def test_agent_refuses_an_unknown_node_the_consoles_own_and_no_redis(
     settings.REDIS_URL = ""  # type: ignore[attr-defined]
     with pytest.raises(CommandError, match="REDIS_URL is not set"):
         call_command("agent", "--node", edge.name)
+
+
+def test_agent_refuses_a_secret_key_other_than_the_consoles(
+        db: None, edge: Node, settings: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A key of this test's own: the console suite runs on two databases at once on one Redis.
+    monkeypatch.setattr(secret_fingerprint, "KEY", f"pdserve:test-fingerprint:{uuid.uuid4()}")
+    client = redis.Redis.from_url(REDIS)
+    settings.REDIS_URL = REDIS  # type: ignore[attr-defined]
+    Node.objects.local() or Node.objects.create(name="here", address="127.0.0.1", is_local=True)
+    try:
+        # No console has published: nothing to compare with, so nothing refused.
+        assert secret_fingerprint.mismatch(client) is None
+        secret_fingerprint.publish(client)
+        assert secret_fingerprint.mismatch(client) is None
+        settings.SECRET_KEY = "another secret of at least fifty characters, not the console's"  # type: ignore[attr-defined]
+        assert "PDSERVE_SECRET_KEY differs" in (secret_fingerprint.mismatch(client) or "")
+        with pytest.raises(CommandError, match="PDSERVE_SECRET_KEY differs from the console's"):
+            call_command("agent", "--node", edge.name)
+        # Refused before it took the node's lock or registered anything.
+        assert not NodeAgent.objects.filter(node=edge).exists()
+    finally:
+        client.delete(secret_fingerprint.KEY)
 
 
 def test_agent_status_names_the_state_the_last_heartbeat_and_the_processes(

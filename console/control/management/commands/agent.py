@@ -27,7 +27,7 @@ from console.catalog import copies  # noqa: F401 - registers the agent's verific
 from console.celery import app
 from console.control.agent_loops import HeartbeatSender, SupervisorLoop
 from console.control.daemon import Supervisor
-from console.fleet import agent_calls, agent_liveness
+from console.fleet import agent_calls, agent_liveness, secret_fingerprint
 from console.fleet.agent_liveness import Heartbeat
 from console.fleet.models import Node, NodeAgent
 from console.supervisor.models import ManagedProcess
@@ -53,6 +53,16 @@ class Command(BaseCommand):
         if not settings.REDIS_URL:
             raise CommandError("REDIS_URL is not set: a node agent reports and takes its orders "
                                "through Redis (set REDIS_URL to the console's Redis)")
+        try:
+            differs = secret_fingerprint.mismatch(agent_liveness.redis_client())
+        except redis.RedisError as exc:
+            # Redis may come later (the agent outlives its absence); the workers' 401s would
+            # then be the sign of a wrong secret.
+            self.stdout.write(f"agent {node.name}: could not compare the secret key with the "
+                              f"console's ({exc}); starting unchecked")
+            differs = None
+        if differs:
+            raise CommandError(differs)
         lock_path = Path(settings.DATA_DIR) / f"agent-{node.name}.lock"
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(lock_path, "w")  # noqa: SIM115 - held for the agent's lifetime

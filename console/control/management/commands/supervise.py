@@ -9,6 +9,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -18,6 +19,7 @@ from console.audit.actors import acting_as
 from console.autoscaling.runner import Autoscaler
 from console.control.daemon import Supervisor
 from console.control.kv_storage import KVRootRefused, ensure_kv_root
+from console.fleet import agent_liveness, secret_fingerprint
 from console.gateway.sync import KeySync
 from console.supervisor.models import ManagedProcess
 
@@ -55,6 +57,13 @@ class Command(BaseCommand):
             ensure_kv_root()
         except KVRootRefused as exc:
             raise CommandError(str(exc)) from exc
+        if settings.REDIS_URL:
+            # For the node agents to check that they derive the same worker keys.
+            try:
+                secret_fingerprint.publish(agent_liveness.redis_client())
+            except redis.RedisError as exc:
+                self.stdout.write(f"supervisor: could not publish the secret's fingerprint for "
+                                  f"the node agents ({exc}); they will start unchecked")
         supervisor = Supervisor()
         fixed = supervisor.recover()
         if fixed:
