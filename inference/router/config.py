@@ -119,6 +119,12 @@ class RouterConfig:
         check=_readable_template))
     max_body_bytes: int = field(default=4 * 1024 * 1024, metadata=setting(
         "largest request body accepted; a larger one is answered with 413"))
+    tokenize_threads: int = field(default=0, metadata=setting(
+        "long prompts the router tokenizes at once, each in a thread off its event loop (0: one "
+        "per core it may run on)", minimum=0))
+    tokenize_queue: int = field(default=64, metadata=setting(
+        "requests that may wait for a tokenizing thread; past that a request is answered 503 "
+        "tokenizer_busy with Retry-After", minimum=0))
     # A KV channel moves whole blocks only, so a prompt within one block has nothing worth a hand-off.
     local_prefill_max_tokens: int = field(default=0, metadata=setting(
         "prompts of at most this many tokens skip prefill and go straight to decode (0: every prompt "

@@ -6,7 +6,9 @@ prefill computed (decode re-renders chat requests itself).
 
 Tokenizing is the largest part of the router's own cost per request (about 1 us per token), so
 a prompt is tokenized only when something needs its ids: the PD hand-off, a policy that routes
-by prompt, or a length check that a cheap upper bound cannot settle (see ``Prompt``).
+by prompt, or a length check that a cheap upper bound cannot settle (see ``Prompt``). ``parse``
+never tokenizes: the exact length check (``check_length``) comes after the key's cheap limits,
+and the router tokenizes a long prompt off its event loop first (see tokenizing.py).
 """
 
 from __future__ import annotations
@@ -124,6 +126,11 @@ class ParsedRequest:
     # A chat request the router cannot render exactly as vLLM does (tools, tool messages,
     # non-text parts): its tokens come from a worker's /tokenize (see Router._render_on_worker).
     render_on_worker: bool = False
+    # The field to name if the prompt is too long, when only its exact token count can tell
+    # (``PromptChecker.check_length``); None: it surely fits, or its worker checks it.
+    length_unsettled: str | None = None
+    # How many answers the request asks for: its prompts (a batch) times max(n, best_of).
+    sequences: int = 1
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -185,6 +192,18 @@ def _whole_request_reason(endpoint: str, body: dict[str, Any]) -> str | None:
     return None
 
 
+def _sequences(endpoint: str, body: dict[str, Any]) -> int:
+    """How many answers a request asks for, each up to its max_tokens: max(n, best_of) per
+    prompt, and a completions batch has one prompt per entry. Values vLLM would refuse count 1:
+    vLLM answers them with a 400 that generates nothing."""
+    copies = max([1] + [value for value in (body.get("n"), body.get("best_of"))
+                        if isinstance(value, int) and not isinstance(value, bool)])
+    prompt = body.get("prompt") if endpoint == "completions" else None
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and all(
+        isinstance(p, (str, list)) for p in prompt) else 1
+    return copies * prompts
+
+
 class PromptChecker:
     def __init__(self, tokenizer_path: str, served_model_name: str, max_model_len: int,
                  chat_template: str | None = None):
@@ -226,9 +245,12 @@ class PromptChecker:
         # What a worker answers for itself, with its own status and message, is left to it:
         # the router refuses nothing vLLM would take (n, best_of, max_tokens=0 and the rest).
         whole = whole or _whole_request_reason(endpoint, body)
+        unsettled = None
         if whole is None and not on_worker:
-            self._check_length(prompt, max_tokens if isinstance(max_tokens, int) else None,
-                               "messages" if endpoint == "chat" else "prompt")
+            param = "messages" if endpoint == "chat" else "prompt"
+            if not self._surely_fits(prompt, max_tokens if isinstance(max_tokens, int) else None,
+                                     param):
+                unsettled = param
         return ParsedRequest(
             endpoint=endpoint,
             body=body,
@@ -237,7 +259,17 @@ class PromptChecker:
             max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None,
             whole=whole,
             render_on_worker=on_worker,
+            length_unsettled=unsettled,
+            sequences=_sequences(endpoint, body),
         )
+
+    def check_length(self, parsed: ParsedRequest) -> None:
+        """The exact length check that ``parse`` left (``length_unsettled``). Tokenizes the
+        prompt if its ids are not known yet: the router computes them off its loop first."""
+        if parsed.length_unsettled is not None:
+            # A request with a max_tokens its worker must judge goes whole (see
+            # _whole_request_reason), so here it is a positive integer or absent.
+            self._check_length(parsed.prompt, parsed.max_tokens, parsed.length_unsettled)
 
     def check_rendered_length(self, parsed: ParsedRequest) -> None:
         """The length check of a prompt a worker rendered (see ParsedRequest.render_on_worker)."""
@@ -311,11 +343,18 @@ class PromptChecker:
         # Embeddings, empty or mixed lists: what vLLM does with them is vLLM's to say.
         return Prompt(ids=[]), "unparsed_prompt"
 
+    def _surely_fits(self, prompt: Prompt, max_tokens: int | None, param: str) -> bool:
+        """Whether the prompt fits even if every byte were a token: no need to tokenize to
+        know. A prompt of token ids is checked exactly (raising RequestError): it costs nothing."""
+        if prompt.known_length is not None:
+            self._check_length(prompt, max_tokens, param)
+            return True
+        if self.bound is None:
+            return False
+        most = self.bound(prompt.text, prompt.add_special_tokens)
+        return most < self.max_model_len and most + (max_tokens or 0) <= self.max_model_len
+
     def _check_length(self, prompt: Prompt, max_tokens: int | None, prompt_param: str) -> None:
-        if prompt.known_length is None and self.bound is not None:
-            most = self.bound(prompt.text, prompt.add_special_tokens)
-            if most < self.max_model_len and most + (max_tokens or 0) <= self.max_model_len:
-                return  # fits even if every byte were a token: no need to tokenize to know
         prompt_tokens = len(prompt.token_ids)
         if prompt_tokens >= self.max_model_len:
             raise RequestError(
@@ -352,8 +391,16 @@ def _encoder(tokenizer: Any) -> Encoder:
     if backend is None or backend.truncation is not None or backend.padding is not None:
         return through_transformers
 
+    # The batch call of one text releases the GIL while the Rust core works (``encode`` holds it:
+    # a 4 MB prompt would freeze every thread for seconds), so the router can tokenize in a
+    # thread while its loop serves (tokenizing.py); ``_fast`` leaves out the offsets, which
+    # makes it faster than ``encode`` even for a short text (~260 against ~420 us for 100 words).
+    batch = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
+
     def direct(text: str, add_special_tokens: bool) -> list[int]:
-        return backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if batch is None:
+            return backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     specials = " ".join(str(token) for token in tokenizer.all_special_tokens)
     samples = ["Hello, world!", "  two  spaces, a tab\tand a newline\n", "Ünïcödé – 字 🙂",

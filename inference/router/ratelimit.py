@@ -1,16 +1,23 @@
 """Per-key rate limits, split by phase: requests, prompt tokens (prefill) and generated tokens
 (decode) per minute, and requests in flight.
 
+A request is counted in two steps. Its request and its concurrency lease are counted when its
+headers arrive (``admit_request``), before its body is read: a key over its request rate or its
+concurrency is refused without reading, parsing or tokenizing anything, and every request it makes
+counts, whatever becomes of it later (a 400, a 413, a 429 on tokens). Its tokens are counted once
+the body is parsed (``admit_tokens``): the generated-token reservation needs its ``max_tokens``,
+``n`` and ``best_of``, the prompt-token charge its prompt.
+
 Each per-minute limit is a sliding-window counter: this minute's count plus last minute's,
 weighted by how much of last minute still lies within the past 60 s (the algorithm of
 Cloudflare's and the ``limits`` library's sliding window counter). Generated tokens are reserved
-up front (the request's ``max_tokens``, or ``DEFAULT_RESERVED_TOKENS``, never more than the
-limit itself) and reconciled when the answer ends, so a short answer gives back what it did
-not use. Prompt tokens are charged up front as an estimate when the exact count is not known
-yet (tokenizing costs the router more than the rest of a request), and reconciled with the
-exact count when the answer ends; only an exact count may refuse a request. In-flight requests
-are leases that expire after the request timeout, so a replica that dies cannot hold a slot
-forever.
+up front (the request's ``max_tokens``, or ``DEFAULT_RESERVED_TOKENS``, times the answers it asks
+for, never more than the limit itself) and reconciled when the answer ends, so a short answer
+gives back what it did not use. Prompt tokens are charged up front as an estimate when the
+exact count is not known yet (tokenizing costs the router more than the rest of a request), and
+reconciled with the exact count when the answer ends; only an exact count may refuse a
+request. In-flight requests are leases that expire after the request timeout, so a replica that
+dies cannot hold a slot forever.
 
 Why not the ``limits`` library: it has no refund (the generated-token reservation needs one),
 no concurrency limit, and checks one limit per call; four limits would take three or more Redis
@@ -31,7 +38,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,11 +75,13 @@ class Ticket:
     """What a request holds while it runs: given back by ``RateLimiter.settle``."""
 
     key: ApiKey
-    store: Store
+    store: Store | None  # where the request and its lease were counted; None: nowhere
     lease: str | None
-    reserved: int  # generated tokens reserved; 0 when the key has no such limit
-    window: int  # the minute the reservation was counted in
+    token_store: Store | None = None  # where its tokens were counted; None: nowhere (yet)
+    window: int = 0  # the minute the tokens were counted in
+    reserved: int = 0  # generated tokens reserved; 0 when the key has no such limit
     prompt_charged: int = 0  # prompt tokens counted; 0 when the key has no such limit
+    settled: bool = False
 
 
 class Store(Protocol):
@@ -278,56 +287,89 @@ class RateLimiter:
         if self._on_store_error is not None:
             self._on_store_error()
 
-    async def admit(self, key: ApiKey, prompt_tokens: int, max_tokens: int | None,
-                    exact_prompt_tokens: Callable[[], int] | None = None) -> Ticket | None:
-        """Count the request against ``key``'s limits, or raise Refused. None: nothing to
-        give back (the key has no limits). ``prompt_tokens`` matters only with a prompt limit;
-        with ``exact_prompt_tokens`` it is an estimate, and a refusal by the prompt limit is
-        checked again with the exact count before it stands."""
+    async def admit_request(self, key: ApiKey) -> Ticket | None:
+        """Count a request against ``key``'s request rate and take a concurrency lease, or raise
+        Refused. Needs nothing of the body: runs before it is read. None: the key has no limits."""
         limits = key.limits
         if not limits.any:
             return None
-        charged = prompt_tokens if limits.prompt_tokens_per_minute else 0
-        refused, value, store, costs, lease = await self._try(key, charged, max_tokens)
-        if refused == 2 and exact_prompt_tokens is not None:
-            # Nothing was counted by the refusal (all limits or none), so try again exactly.
-            exact = exact_prompt_tokens()
-            if exact != charged:
-                charged = exact
-                refused, value, store, costs, lease = await self._try(key, charged, max_tokens)
+        if not (limits.requests_per_minute or limits.max_concurrency):
+            return Ticket(key, None, None)
+        costs = ((limits.requests_per_minute or 0, 1), (0, 0), (0, 0))
+        lease = uuid.uuid4().hex if limits.max_concurrency else None
+        refused, value, store = await self._try(key.prefix, costs, limits.max_concurrency or 0,
+                                                lease)
         if refused:
             key.usage.rate_limited += 1
             raise Refused(LIMIT_LABELS[refused - 1], max(1, value), _message(limits, refused, costs))
-        return Ticket(key, store, lease, costs[2][1], value, charged)
+        return Ticket(key, store, lease)
 
-    async def _try(self, key: ApiKey, prompt_tokens: int, max_tokens: int | None
-                   ) -> tuple[int, int, Store, tuple[tuple[int, int], ...], str | None]:
+    async def admit_tokens(self, ticket: Ticket, prompt_tokens: int, max_tokens: int | None,
+                           sequences: int = 1,
+                           exact_prompt_tokens: Callable[[], Awaitable[int]] | None = None) -> None:
+        """Count the request's prompt tokens and reserve its generated tokens (``max_tokens``
+        for each of its ``sequences``), or raise Refused. ``prompt_tokens`` matters only with a
+        prompt limit; with ``exact_prompt_tokens`` it is an estimate, and a refusal by the
+        prompt limit is checked again with the exact count before it stands."""
+        limits = ticket.key.limits
+        charged = prompt_tokens if limits.prompt_tokens_per_minute else 0
+        reserved = reservation(limits, max_tokens, sequences)
+        if not (charged or reserved):
+            return
+        refused, value, store, costs = await self._try_tokens(ticket.key, charged, reserved)
+        if refused == 2 and exact_prompt_tokens is not None:
+            # Nothing was counted by the refusal (all limits or none), so try again exactly.
+            exact = await exact_prompt_tokens()
+            if exact != charged:
+                charged = exact
+                refused, value, store, costs = await self._try_tokens(ticket.key, charged, reserved)
+        if refused:
+            ticket.key.usage.rate_limited += 1
+            raise Refused(LIMIT_LABELS[refused - 1], max(1, value), _message(limits, refused, costs))
+        ticket.token_store, ticket.window = store, value
+        ticket.reserved, ticket.prompt_charged = reserved, charged
+
+    async def _try_tokens(self, key: ApiKey, prompt_tokens: int, reserved: int
+                          ) -> tuple[int, int, Store, tuple[tuple[int, int], ...]]:
         limits = key.limits
-        costs = ((limits.requests_per_minute or 0, 1),
-                 (limits.prompt_tokens_per_minute or 0, prompt_tokens),
-                 (limits.generated_tokens_per_minute or 0, reservation(limits, max_tokens)))
-        lease = uuid.uuid4().hex if limits.max_concurrency else None
+        costs = ((0, 0), (limits.prompt_tokens_per_minute or 0, prompt_tokens),
+                 (limits.generated_tokens_per_minute or 0, reserved))
+        refused, value, store = await self._try(key.prefix, costs, 0, None)
+        return refused, value, store, costs
+
+    async def _try(self, prefix: str, costs: tuple[tuple[int, int], ...], max_concurrency: int,
+                   lease: str | None) -> tuple[int, int, Store]:
         store = self._store()
-        args = (key.prefix, costs, limits.max_concurrency or 0, lease or "", self.lease_ttl_s)
+        args = (prefix, costs, max_concurrency, lease or "", self.lease_ttl_s)
         try:
             refused, value = await store.admit(*args)
         except STORE_ERRORS as exc:
             self._redis_failed(exc)
             store = self.memory
             refused, value = await store.admit(*args)
-        return refused, value, store, costs, lease
+        return refused, value, store
 
     async def settle(self, ticket: Ticket, generated: int, prompt_tokens: int | None) -> None:
         """Give back the lease and what was reserved but not generated (or charge the excess),
-        and correct an estimated prompt charge to ``prompt_tokens``, the exact count."""
-        generated_delta = generated - ticket.reserved if ticket.reserved else 0
+        and correct an estimated prompt charge to ``prompt_tokens``, the exact count. A request
+        that ended before its tokens were counted gives back its lease only."""
+        ticket.settled = True
+        counted = ticket.token_store is not None
+        generated_delta = generated - ticket.reserved if counted and ticket.reserved else 0
         prompt_delta = (prompt_tokens - ticket.prompt_charged
-                        if ticket.prompt_charged and prompt_tokens is not None else 0)
-        if ticket.lease is None and not generated_delta and not prompt_delta:
-            return
+                        if counted and ticket.prompt_charged and prompt_tokens is not None else 0)
+        deltas = (prompt_delta, generated_delta)
+        prefix = ticket.key.prefix
         try:
-            await ticket.store.settle(ticket.key.prefix, ticket.lease, ticket.window,
-                                      (prompt_delta, generated_delta))
+            if ticket.lease is not None and ticket.store is not None and (
+                    ticket.token_store in (None, ticket.store)):
+                await ticket.store.settle(prefix, ticket.lease, ticket.window, deltas)
+                return
+            if ticket.lease is not None and ticket.store is not None:
+                # Redis failed between the two counts: each store gives back its own.
+                await ticket.store.settle(prefix, ticket.lease, ticket.window, (0, 0))
+            if ticket.token_store is not None and any(deltas):
+                await ticket.token_store.settle(prefix, None, ticket.window, deltas)
         except STORE_ERRORS as exc:
             # The lease expires by itself after the request timeout.
             self._redis_failed(exc)
@@ -337,12 +379,15 @@ class RateLimiter:
             await self.redis.close()
 
 
-def reservation(limits: Limits, max_tokens: int | None) -> int:
+def reservation(limits: Limits, max_tokens: int | None, sequences: int = 1) -> int:
+    """Generated tokens reserved up front: ``max_tokens`` (or DEFAULT_RESERVED_TOKENS) for each
+    of the ``sequences`` answers the request asks for (n, best_of, a batch of prompts)."""
     if limits.generated_tokens_per_minute is None:
         return 0
     # Never more than the limit: a request asking for more could otherwise never start, though
     # it may well stop early. The excess, if any, is charged when it ends.
-    return min(max_tokens or DEFAULT_RESERVED_TOKENS, limits.generated_tokens_per_minute)
+    return min((max_tokens or DEFAULT_RESERVED_TOKENS) * max(1, sequences),
+               limits.generated_tokens_per_minute)
 
 
 def generated_estimate(completion_tokens: int | None, stream_chunks: int, endpoint: str) -> int:

@@ -54,6 +54,7 @@ from inference.router.prompts import (
 from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
 from inference.router.selection import SESSION_HEADER, Selector, session_key
 from inference.router.timeline import Timeline
+from inference.router.tokenizing import TokenizerBusy, Tokenizing, default_threads
 from inference.router.upstream import (
     BackendFailure,
     RequestTimedOut,
@@ -85,6 +86,8 @@ class Router:
         self.limiter = RateLimiter(config.redis_url, lease_ttl_s=2 * config.request_timeout_s + 30,
                                    on_store_error=self.metrics.rate_limit_store_errors.inc)
         self.chars_per_token = CharsPerToken()
+        self.tokenizing = Tokenizing(config.tokenize_threads or default_threads(),
+                                     config.tokenize_queue)
         self.warmup: WarmupPrompt | None = None
         if config.kv_warmup_tokens:
             self.warmup = WarmupPrompt(
@@ -139,6 +142,7 @@ class Router:
             await group.stop_warmup()
         await close_sessions(self._all_pools())
         await self.limiter.close()
+        self.tokenizing.close()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[openai_errors])
@@ -318,30 +322,66 @@ class Router:
             return error_response(401, exc.message, request_id, code="invalid_api_key",
                                   headers={"WWW-Authenticate": "Bearer"})
 
-    async def _admit(self, key: ApiKey, parsed: ParsedRequest) -> Ticket | None:
-        prompt = parsed.prompt
-        if prompt.known_length is None and key.limits.prompt_tokens_per_minute:
-            # Tokenizing the prompt would cost the router more than the rest of the request:
-            # charge an estimate now and the exact count in _settle, where vLLM's usage or the
-            # PD hand-off has usually brought it for free.
-            ticket = await self.limiter.admit(key, self.chars_per_token.estimate(prompt.text),
-                                              parsed.max_tokens,
-                                              exact_prompt_tokens=lambda: len(prompt.token_ids))
+    def _rate_limited(self, exc: Refused, request_id: str) -> web.Response:
+        self.metrics.rate_limited.labels(exc.limit).inc()
+        return error_response(429, exc.message, request_id, param=exc.limit,
+                              code="rate_limit_exceeded",
+                              headers={"Retry-After": str(exc.retry_after_s)})
+
+    @staticmethod
+    def _busy(exc: TokenizerBusy, request_id: str) -> web.Response:
+        return error_response(503, str(exc), request_id, code="tokenizer_busy",
+                              headers={"Retry-After": str(exc.retry_after_s)})
+
+    async def _release(self, ticket: Ticket) -> None:
+        """Give back the lease of a request that ended before it was admitted whole (a bad body,
+        a refusal on tokens, a client that left)."""
+        releasing = self.limiter.settle(ticket, 0, None)
+        if ticket.store is None or ticket.store is self.limiter.memory:
+            await releasing  # never suspends, so a cancellation cannot cut it short
         else:
-            ticket = await self.limiter.admit(key, prompt.known_length or 0, parsed.max_tokens)
+            await asyncio.shield(releasing)
+
+    async def _admit_tokens(self, key: ApiKey, ticket: Ticket | None,
+                            parsed: ParsedRequest) -> None:
+        if ticket is not None:
+            prompt = parsed.prompt
+            if prompt.known_length is None and key.limits.prompt_tokens_per_minute:
+                # Tokenizing the prompt would cost the router more than the rest of the
+                # request: charge an estimate now and the exact count in _settle, where vLLM's
+                # usage or the PD hand-off has usually brought it for free.
+                await self.limiter.admit_tokens(
+                    ticket, self.chars_per_token.estimate(prompt.text), parsed.max_tokens,
+                    parsed.sequences, exact_prompt_tokens=lambda: self.tokenizing.count(prompt))
+            else:
+                await self.limiter.admit_tokens(ticket, prompt.known_length or 0,
+                                                parsed.max_tokens, parsed.sequences)
         self.metrics.key_requests.labels(key.label).inc()
-        return ticket
 
     async def _settle(self, key: ApiKey, ticket: Ticket | None, parsed: ParsedRequest,
                       timeline: Timeline) -> None:
         """Runs on every exit of an admitted request: answered, failed, timed out, cancelled."""
+        if ticket is not None:
+            ticket.settled = True  # from now on this settles it, whatever cancels the handler
         generated = generated_estimate(timeline.completion_tokens, timeline.stream_chunks,
                                        timeline.endpoint)
         prompt_tokens = timeline.prompt_tokens
         if prompt_tokens is None and ticket is not None and ticket.prompt_charged:
             # The charge was an estimate (an exact count would be known) and the answer brought
             # no usage (a stream that did not ask for it): count now, after its last chunk.
+            if parsed.prompt.known_length is None and len(parsed.prompt.text) > \
+                    self.tokenizing.inline_chars:
+                # Off the loop, and shielded: a client that leaves meanwhile must not keep
+                # the lease and the reservation from being given back.
+                await asyncio.shield(self._settle_counted(key, ticket, parsed, generated))
+                return
             prompt_tokens = len(parsed.prompt_token_ids)
+        await self._settle_counted(key, ticket, parsed, generated, prompt_tokens)
+
+    async def _settle_counted(self, key: ApiKey, ticket: Ticket | None, parsed: ParsedRequest,
+                              generated: int, prompt_tokens: int | None = None) -> None:
+        if prompt_tokens is None and ticket is not None and ticket.prompt_charged:
+            prompt_tokens = len(await self.tokenizing.ids(parsed.prompt, may_refuse=False))
         if prompt_tokens is not None and parsed.prompt.text:
             self.chars_per_token.observe(len(parsed.prompt.text), prompt_tokens)
         key.usage.generated_tokens += generated
@@ -349,7 +389,8 @@ class Router:
         if ticket is None:
             return
         settling = self.limiter.settle(ticket, generated, prompt_tokens)
-        if ticket.store is self.limiter.memory:
+        if ticket.store in (None, self.limiter.memory) and ticket.token_store in (
+                None, self.limiter.memory):
             await settling  # never suspends, so a cancellation cannot cut it short
         else:
             # Shielded: a client that disconnects cancels this handler, and the lease and the
@@ -360,23 +401,37 @@ class Router:
         """A vLLM route relayed to one ready worker of the request's group (decode first: it
         renders as chat does)."""
         timeline = Timeline(request.headers.get("X-Request-Id") or uuid.uuid4().hex, "other")
-        if isinstance(denied := self._check_auth(request, timeline.request_id), web.Response):
-            return denied
+        if isinstance(key := self._check_auth(request, timeline.request_id), web.Response):
+            return key
+        ticket = None
+        if key is not None and request.method == "POST":
+            # /tokenize and /detokenize make a worker tokenize: they count as requests, as the
+            # inference routes do (no tokens: they generate none and prefill nothing).
+            try:
+                ticket = await self.limiter.admit_request(key)
+            except Refused as exc:
+                return self._rate_limited(exc, timeline.request_id)
+            self.metrics.key_requests.labels(key.label).inc()
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes",
-                                  timeline.request_id)
-        group = self.selector.pick(self.groups, session_key(request.headers.get(SESSION_HEADER), {}))
-        if group is None:
-            return self._no_group(timeline)
-        group.enter()
-        try:
-            response = await self._pass_to(group, request, raw, timeline)
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return error_response(413, f"request body exceeds {self.config.max_body_bytes} "
+                                      "bytes", timeline.request_id)
+            group = self.selector.pick(self.groups,
+                                       session_key(request.headers.get(SESSION_HEADER), {}))
+            if group is None:
+                return self._no_group(timeline)
+            group.enter()
+            try:
+                response = await self._pass_to(group, request, raw, timeline)
+            finally:
+                group.leave()
+            response.headers[REVISION_HEADER] = group.revision
+            return response
         finally:
-            group.leave()
-        response.headers[REVISION_HEADER] = group.revision
-        return response
+            if ticket is not None:
+                await self._release(ticket)
 
     async def _pass_to(self, group: Group, request: web.Request, raw: bytes,
                        timeline: Timeline) -> web.Response:
@@ -442,48 +497,66 @@ class Router:
         request_id = timeline.request_id
         if isinstance(key := self._check_auth(request, request_id), web.Response):
             return key
+        # The cheap limits first, before the body is even read: a key over its request rate or
+        # its concurrency costs the router no parsing and no tokenizing.
+        ticket = None
+        if key is not None:
+            try:
+                ticket = await self.limiter.admit_request(key)
+            except Refused as exc:
+                return self._rate_limited(exc, request_id)
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes",
-                                  request_id)
-        try:
-            parsed = self.checker.parse(endpoint, parse_json(raw))
-        except RequestError as exc:
-            return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
-        # Picked once the body is parsed: its `user` may name the session.
-        group = self.selector.pick(self.groups, session_key(request.headers.get(SESSION_HEADER),
-                                                            parsed.body))
-        if group is None:
-            return self._no_group(timeline)
-        timeline.revision = group.revision
-        group.enter()
-        try:
-            return await self._serve_in(group, request, parsed, raw, key, timeline)
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return error_response(413, f"request body exceeds {self.config.max_body_bytes} "
+                                      "bytes", request_id)
+            try:
+                parsed = self.checker.parse(endpoint, parse_json(raw))
+            except RequestError as exc:
+                return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+            # Picked once the body is parsed: its `user` may name the session.
+            group = self.selector.pick(self.groups,
+                                       session_key(request.headers.get(SESSION_HEADER), parsed.body))
+            if group is None:
+                return self._no_group(timeline)
+            timeline.revision = group.revision
+            group.enter()
+            try:
+                return await self._serve_in(group, request, parsed, raw, key, ticket, timeline)
+            finally:
+                group.leave()
         finally:
-            group.leave()
+            if ticket is not None and not ticket.settled:
+                await self._release(ticket)
 
     async def _serve_in(self, group: Group, request: web.Request, parsed: ParsedRequest,
-                        raw: bytes, key: ApiKey | None, timeline: Timeline) -> web.StreamResponse:
+                        raw: bytes, key: ApiKey | None, ticket: Ticket | None,
+                        timeline: Timeline) -> web.StreamResponse:
         """The request inside its group: everything from here on uses that group's workers."""
         request_id = timeline.request_id
         try:
             if parsed.render_on_worker and group.mode == "pd":
                 parsed = await self._render_on_worker(group, parsed, timeline)
+            # Then what needs the token count, tokenized off the loop: the exact length check,
+            # the key's token limits, and the ids the group routes by.
+            if parsed.length_unsettled is not None:
+                await self.tokenizing.ids(parsed.prompt)
+                self.checker.check_length(parsed)
+            if key is not None:
+                await self._admit_tokens(key, ticket, parsed)
+            if self._routes_by_ids(group, parsed):
+                await self.tokenizing.ids(parsed.prompt)
         except RequestError as exc:
             return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
         except UpstreamError as exc:  # the worker's own refusal of what it cannot render
             timeline.error = f"worker answered {exc.response.status} to /tokenize"
             return exc.response
-        ticket = None
-        if key is not None:
-            try:
-                ticket = await self._admit(key, parsed)
-            except Refused as exc:
-                self.metrics.rate_limited.labels(exc.limit).inc()
-                return error_response(429, exc.message, request_id, param=exc.limit,
-                                      code="rate_limit_exceeded",
-                                      headers={"Retry-After": str(exc.retry_after_s)})
+        except Refused as exc:
+            return self._rate_limited(exc, request_id)
+        except TokenizerBusy as exc:
+            timeline.error = str(exc)
+            return self._busy(exc, request_id)
 
         try:
             return await self._dispatch(group, request, parsed, raw, timeline)
@@ -494,6 +567,15 @@ class Router:
                 timeline.prompt_tokens = parsed.prompt.known_length
             if key is not None:
                 await self._settle(key, ticket, parsed, timeline)
+
+    @staticmethod
+    def _routes_by_ids(group: Group, parsed: ParsedRequest) -> bool:
+        """Whether the request's way through ``group`` needs its prompt's token ids: the PD
+        hand-off (and its placement), or a policy that picks workers by prompt."""
+        if parsed.prompt.known_length is not None:
+            return False
+        return (group.mode == "pd" and parsed.whole is None) or any(
+            pool.policy.uses_prompt for pool in group.pools.values())
 
     async def _dispatch(self, group: Group, request: web.Request, parsed: ParsedRequest,
                         raw: bytes, timeline: Timeline) -> web.StreamResponse:
