@@ -4,14 +4,18 @@ Every tick reads the rollout from the database and does the next thing its state
 supervisor killed mid-rollout is replaced by one that goes on from the same row:
 
 - starting: green's workers run beside blue's (``slots`` adds them to the reconcile); once all
-  are ready, the output gate (if the revision wants one) or the first step;
+  are ready, the output gate (if the revision wants one) or the first step; a worker that made
+  no progress (no log line, no phase) for ``start_timeout_s`` rolls back (progress.py);
 - gating: green's workers are scored against the base model's reference in a thread; green is
   not in the router yet, so no request reaches it before it passed;
 - stepping: green's group is in the router at the step's weight; every interval the router's
-  per-revision metrics are compared (console/rollouts/analysis.py); a step ends when its hold is
-  over and the last window passed; too many failed windows roll back;
-- warm: green has all the traffic, blue stays up for the delay (a failed window still rolls
-  back to it);
+  per-revision metrics are compared (console/rollouts/analysis.py); a window with too few
+  requests on a side grows until both have their minimum, and one still short after
+  ``max_inconclusive_s`` pauses the rollout for a person ("inconclusive: not enough traffic");
+  a step ends when its hold is over and the last window passed; too many failed windows roll
+  back;
+- warm: green has all the traffic, blue stays up for the delay and until a window decided (a
+  failed window still rolls back to it; a promote skips the wait);
 - draining: blue's group takes no new requests and finishes its own; then the plan becomes the
   revision (its ports and variants), the processes' slots are swapped and blue's workers stop;
 - rolling back: green's weight is 0 and its group drains, then green's workers stop.
@@ -26,7 +30,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -43,16 +49,30 @@ from console.deployments.plans import save_plan
 from console.gateway.router_admin import AdminUnreadable
 from console.quality.gates import evaluate
 from console.quality.models import GateResult
-from console.rollouts import analysis, revisions
+from console.rollouts import analysis, progress, revisions
 from console.rollouts.machine import broadcast, move
 from console.rollouts.models import AnalysisRun, Revision, Rollout
+from console.rollouts.services import DEFAULT_MAX_INCONCLUSIVE_S
 from console.supervisor.engine import Child
 from console.supervisor.models import ManagedProcess
 from inference.output_gate import Thresholds
 
 log = logging.getLogger("pdserve.rollouts")
+# How services.promote's transitions begin (warm then skips waiting on the analysis).
+PROMOTED = "promoted by"
 State = Rollout.State
 Strategy = Rollout.Strategy
+
+
+@dataclass
+class Window:
+    """An analysis window being collected: it opened at ``opened`` (monotonic) with ``scrape``;
+    ``checked``: when its requests were last counted (every interval while it grows)."""
+
+    opened: float
+    scrape: analysis.Scrape
+    opened_at: datetime
+    checked: float
 
 
 @dataclass
@@ -60,8 +80,9 @@ class RolloutRunner(RouterGroups, InPlace):
     # rollout id -> the gate thread scoring its green
     gates: dict[int, threading.Thread] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
-    # rollout id -> (monotonic time, scrape) of the window's start
-    windows: dict[int, tuple[float, analysis.Scrape]] = field(default_factory=dict)
+    # rollout id -> the analysis window being collected
+    windows: dict[int, Window] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
 
     # ---- what the reconcile runs -------------------------------------------------------
     def specs(self, deployment: Deployment) -> list[ProcessSpec]:
@@ -141,8 +162,8 @@ class RolloutRunner(RouterGroups, InPlace):
     # ---- states --------------------------------------------------------------------------
     def _starting(self, rollout: Rollout) -> bool:
         states = self._green_states(rollout)
-        waited = (timezone.now() - rollout.state_since).total_seconds()
         if states and set(states.values()) == {ManagedProcess.State.READY}:
+            self._follow_start(rollout)
             if self._gate_wanted(rollout):
                 move(rollout, State.GATING, "green's workers are ready; the output gate scores "
                      "them before any traffic", gate={"state": GateResult.State.QUEUED})
@@ -150,13 +171,29 @@ class RolloutRunner(RouterGroups, InPlace):
                 self._enter_step(rollout, rollout.step_index, "green's workers are ready; the "
                                                               "revision's gate is off")
             return True
-        if waited > rollout.start_timeout_s:
-            detail = ", ".join(f"{slot} {state}" for slot, state in sorted(states.items()))
-            move(rollout, State.ROLLING_BACK, f"green did not become ready within "
-                 f"{rollout.start_timeout_s} s ({detail or 'no process'})",
-                 weights=self._rollback_weights(rollout))
+        workers = self._follow_start(rollout)
+        stalled = progress.stalled(workers, rollout.start_timeout_s, timezone.now())
+        if stalled:
+            move(rollout, State.ROLLING_BACK, f"green did not become ready: "
+                 f"{'; '.join(stalled)}"[:1000], weights=self._rollback_weights(rollout))
             return True
         return False
+
+    def _follow_start(self, rollout: Rollout) -> dict[str, dict[str, object]]:
+        """Green's workers' phases and last progress, stored on the rollout (and sent to its
+        page when they changed)."""
+        slots = [spec.slot for spec in self.specs(rollout.deployment)]
+        before = rollout.progress.get("workers", {})
+        workers = progress.follow(before, slots, rollout.deployment_id, rollout.state_since)
+        if workers != before:
+            self._store_progress(rollout, workers=workers)
+        return workers
+
+    @staticmethod
+    def _store_progress(rollout: Rollout, **parts: object) -> None:
+        rollout.progress = {**rollout.progress, **parts}
+        Rollout.objects.filter(pk=rollout.pk).update(progress=rollout.progress)
+        broadcast(rollouts=[rollout])
 
     def _gating(self, rollout: Rollout) -> bool:
         gate = rollout.gate or {}
@@ -203,6 +240,9 @@ class RolloutRunner(RouterGroups, InPlace):
         verdict = self._analyse(rollout)
         if verdict == analysis.FAIL and self._failed_too_often(rollout):
             return True
+        if verdict == analysis.INCONCLUSIVE:
+            self._pause_inconclusive(rollout)
+            return True
         held = (timezone.now() - rollout.step_since).total_seconds() >= step.get("hold_s", 0)
         if held and self._last_verdict(rollout) == analysis.PASS and in_place:
             move(rollout, State.RELEASING, f"pair {rollout.step_index + 1} held "
@@ -222,12 +262,37 @@ class RolloutRunner(RouterGroups, InPlace):
         verdict = self._analyse(rollout)
         if verdict == analysis.FAIL and self._failed_too_often(rollout):
             return True
-        if (timezone.now() - rollout.state_since).total_seconds() >= rollout.scale_down_delay_s:
-            self._delete_group(rollout, rollout.blue.label)
-            move(rollout, State.DRAINING, f"blue r{rollout.blue.number} takes no new requests "
-                 f"and finishes its own (at most {rollout.drain_timeout_s} s)")
+        if verdict == analysis.INCONCLUSIVE:
+            self._pause_inconclusive(rollout)
             return True
-        return verdict is not None
+        if (timezone.now() - rollout.state_since).total_seconds() < rollout.scale_down_delay_s:
+            return verdict is not None
+        # Blue-green's one check: blue stays up until a window decided (as long as a window
+        # is being collected: no router, nothing to judge), unless an operator promoted.
+        decided = rollout.analyses.filter(at__gte=rollout.state_since,
+                                          verdict=analysis.PASS).exists()
+        if rollout.pk in self.windows and not decided and not self._promoted(rollout):
+            return verdict is not None
+        self._delete_group(rollout, rollout.blue.label)
+        move(rollout, State.DRAINING, f"blue r{rollout.blue.number} takes no new requests "
+             f"and finishes its own (at most {rollout.drain_timeout_s} s)")
+        return True
+
+    @staticmethod
+    def _promoted(rollout: Rollout) -> bool:
+        """Whether an operator promoted it (skipping the analysis that remained)."""
+        return rollout.transitions.filter(reason__startswith=PROMOTED).exists()
+
+    def _pause_inconclusive(self, rollout: Rollout) -> None:
+        bound = rollout.analysis.get("max_inconclusive_s", DEFAULT_MAX_INCONCLUSIVE_S)
+        last = rollout.analyses.order_by("-at", "-pk").first()
+        counts = ", ".join(f"r{label} {count:.0f}" for label, count in
+                           sorted((last.requests if last else {}).items()))
+        move(rollout, State.PAUSED, f"inconclusive: not enough traffic (fewer than "
+             f"{rollout.analysis['min_requests']} requests on a side after {bound:.0f} s: "
+             f"{counts or 'none'}); promote or roll back", paused_from=rollout.state)
+        self.windows.pop(rollout.pk, None)
+        self._store_progress(rollout, window=None)
 
     def _draining(self, rollout: Rollout, children: dict[int, Child]) -> bool:
         if not self._drained(rollout, rollout.blue.label):
@@ -262,13 +327,18 @@ class RolloutRunner(RouterGroups, InPlace):
         self._sync_router(Rollout.objects.get(pk=rollout.pk))
         # The analysis window starts with the new weights.
         self.windows.pop(rollout.pk, None)
+        if rollout.progress.get("window"):
+            self._store_progress(rollout, window=None)
 
     def _analyse(self, rollout: Rollout) -> str | None:
-        """Close the current window when its interval is over: store its verdict and return it;
-        None while the window is still open (or just opened)."""
-        now = time.monotonic()
+        """Look at the current window every interval: once both sides have their minimum of
+        requests (or its bound ran out), store its verdict and return it; None while it is
+        collecting (or just opened). A window short of requests grows instead of holding the
+        step forever on 10 s windows; past ``max_inconclusive_s`` it is stored inconclusive
+        (the caller pauses the rollout)."""
+        now = self.clock()
         opened = self.windows.get(rollout.pk)
-        if opened is not None and now - opened[0] < rollout.analysis["interval_s"]:
+        if opened is not None and now - opened.checked < rollout.analysis["interval_s"]:
             return None
         if not self._router_ready(rollout.deployment):
             # No router, no traffic to judge (the supervisor restarts it); the window starts
@@ -276,13 +346,23 @@ class RolloutRunner(RouterGroups, InPlace):
             self.windows.pop(rollout.pk, None)
             return None
         scrape = self._scrape(rollout.deployment)
-        self.windows[rollout.pk] = (now, scrape)
         if opened is None:
+            self.windows[rollout.pk] = Window(now, scrape, timezone.now(), now)
+            self._store_progress(rollout, window={"opened": timezone.now().isoformat(),
+                                                  "requests": {}})
             return None
-        judgement = analysis.judge(opened[1], scrape, rollout.blue.label, rollout.green.label,
-                                   rollout.analysis, baseline=self._baseline(rollout))
+        judgement = analysis.judge(opened.scrape, scrape, rollout.blue.label,
+                                   rollout.green.label, rollout.analysis,
+                                   baseline=self._baseline(rollout))
+        bound = rollout.analysis.get("max_inconclusive_s", DEFAULT_MAX_INCONCLUSIVE_S)
+        if judgement.verdict == analysis.INCONCLUSIVE and now - opened.opened < bound:
+            opened.checked = now
+            self._store_progress(rollout, window={"opened": opened.opened_at.isoformat(),
+                                                  "requests": judgement.requests})
+            return None
+        self.windows[rollout.pk] = Window(now, scrape, timezone.now(), now)
         run = AnalysisRun.objects.create(rollout=rollout, step_index=rollout.step_index,
-                                         window_s=now - opened[0], verdict=judgement.verdict,
+                                         window_s=now - opened.opened, verdict=judgement.verdict,
                                          metrics=judgement.metrics, requests=judgement.requests)
         broadcast(analyses=[run])
         if judgement.verdict == analysis.FAIL:

@@ -10,6 +10,7 @@ from django import forms
 from console.catalog.models import Variant
 from console.deployments.models import Deployment
 from console.rollouts.models import Rollout
+from console.rollouts.services import START_TIMEOUT_RANGE
 
 TEXT_FIELDS = ("dtype", "kv_channel", "kv_cache_dtype", "kv_load_failure", "engine_version")
 JSON_FIELDS = ("sampling_defaults", "extra_engine_args")
@@ -64,6 +65,11 @@ class StartForm(forms.Form):
     strategy = forms.ChoiceField(choices=Rollout.Strategy.choices)
     steps = forms.CharField(required=False, help_text='JSON, e.g. [{"weight": 10, "hold_s": 60}, '
                             '{"weight": 100}]; blank: the default')
+    start_timeout_s = forms.IntegerField(
+        required=False, min_value=START_TIMEOUT_RANGE[0], max_value=START_TIMEOUT_RANGE[1],
+        label="Start deadline (s)",
+        help_text="how long a green worker may make no progress; blank: 3 x the slowest "
+                  "recorded start (300-3600 s)")
 
     def clean_steps(self) -> Any:
         raw = self.cleaned_data.get("steps", "")

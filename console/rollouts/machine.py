@@ -80,8 +80,11 @@ def move(rollout: Rollout, to: str, reason: str, **changes: Any) -> Rollout:
 
 
 def broadcast(transitions: list[RolloutTransition] | None = None,
-              analyses: list[AnalysisRun] | None = None) -> None:
-    """With a shared channel layer, send the new rows to the rollout's page at once; without
-    Redis the console's hub polls them (console/rollouts/rollout_socket.py)."""
+              analyses: list[AnalysisRun] | None = None,
+              rollouts: list[Rollout] | None = None) -> None:
+    """With a shared channel layer, send the new rows (and the ``rollouts`` whose progress
+    changed) to the rollout's page at once; without Redis the console's hub polls them
+    (console/rollouts/rollout_socket.py)."""
     if settings.REDIS_URL:
-        async_to_sync(send_all)(rollout_messages(transitions or (), analyses or ()))
+        async_to_sync(send_all)(rollout_messages(transitions or (), analyses or (),
+                                                 rollouts or ()))

@@ -86,7 +86,12 @@ class Rollout(models.Model):
     failures = models.PositiveSmallIntegerField(default=0, help_text="failed analysis windows")
     scale_down_delay_s = models.PositiveIntegerField(default=30)
     drain_timeout_s = models.PositiveIntegerField(default=120)
+    # Green's start fails after this long without progress (no log line, no phase change) of a
+    # worker, counted from its last progress, not from the start (console/rollouts/progress.py).
     start_timeout_s = models.PositiveIntegerField(default=600)
+    # Green's workers while they start: slot -> {"phase", "phase_since", "progress_at", ...}
+    # (progress.follow), and the analysis window being collected: {"opened", "requests"}.
+    progress = models.JSONField(default=dict, blank=True)
     # Green's workers: slot -> {"port", "side_channel_port"}, chosen when the rollout is made
     # (in place: blue's own, freed pair by pair).
     green_ports = models.JSONField(default=dict)
@@ -145,7 +150,9 @@ class AnalysisRun(models.Model):
     class Verdict(models.TextChoices):
         PASS = "pass"
         FAIL = "fail"
-        INCONCLUSIVE = "inconclusive"  # too few requests on one side: hold, never a pass
+        # Too few requests on one side when the window's bound ran out (a window grows until
+        # both sides have their minimum): the rollout pauses for a person; never a pass.
+        INCONCLUSIVE = "inconclusive"
 
     rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="analyses")
     step_index = models.PositiveSmallIntegerField()

@@ -14,7 +14,7 @@ from django.utils import timezone
 from console.deployments.engine_args import check_engine_args
 from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
-from console.rollouts import capacity, revisions
+from console.rollouts import capacity, progress, revisions
 from console.rollouts.machine import TransitionRefused, move
 from console.rollouts.models import Revision, Rollout
 
@@ -23,9 +23,17 @@ State = Rollout.State
 
 DEFAULT_CANARY_STEPS: list[dict[str, Any]] = [
     {"weight": 10, "hold_s": 60}, {"weight": 50, "hold_s": 60}, {"weight": 100, "hold_s": 0}]
+# How long a window may grow without both sides reaching min_requests before the rollout
+# pauses ("inconclusive: not enough traffic"). 600 s: at 0.5 req/s a 10% canary's green gets
+# its 20 requests in ~400 s, so that rate still gets decisions; Argo's progress deadline is
+# the same 10 minutes.
+DEFAULT_MAX_INCONCLUSIVE_S = 600
 # Error and hand-off failure rates absolute, latencies relative to blue over the same window.
+# A window lasts interval_s, longer while a side has fewer than min_requests (it grows up to
+# max_inconclusive_s).
 DEFAULT_ANALYSIS: dict[str, Any] = {
     "interval_s": 10, "failure_limit": 1, "min_requests": 20,
+    "max_inconclusive_s": DEFAULT_MAX_INCONCLUSIVE_S,
     "metrics": {
         "error_rate": {"max": 0.01},
         "handoff_failure_rate": {"max": 0.01},
@@ -78,10 +86,13 @@ def validate_analysis(analysis: Any) -> dict[str, Any]:
                                            "min_requests and metrics"})
     merged = {**DEFAULT_ANALYSIS, **analysis}
     for name, low, high in (("interval_s", 1, 3600), ("failure_limit", 0, 100),
-                            ("min_requests", 1, 1_000_000)):
+                            ("min_requests", 1, 1_000_000), ("max_inconclusive_s", 1, 86_400)):
         value = merged[name]
         if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
             raise ValidationError({f"analysis.{name}": f"a number from {low} to {high}"})
+    if merged["max_inconclusive_s"] < merged["interval_s"]:
+        raise ValidationError({"analysis.max_inconclusive_s": "at least interval_s: a window "
+                                                              "lasts that long at least"})
     metrics = merged["metrics"]
     if not isinstance(metrics, dict):
         raise ValidationError({"analysis.metrics": f"an object keyed by {', '.join(METRICS)}"})
@@ -96,6 +107,20 @@ def validate_analysis(analysis: Any) -> dict[str, Any]:
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValidationError({f"analysis.metrics.{name}.{key}": "a number >= 0"})
     return merged
+
+
+START_TIMEOUT_RANGE = (30, 86_400)
+
+
+def validate_start_timeout(value: Any) -> int | None:
+    """A rollout's start_timeout_s as given (None: derived from past starts)."""
+    if value is None:
+        return None
+    low, high = START_TIMEOUT_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValidationError({"start_timeout_s": f"whole seconds from {low} to {high}: how long "
+                                                  "a green worker may make no progress"})
+    return value
 
 
 def green_ports(deployment: Deployment, spec: dict[str, Any]) -> dict[str, dict[str, int]]:
@@ -154,8 +179,11 @@ def blue_ports(deployment: Deployment) -> dict[str, dict[str, int]]:
 
 def start(deployment: Deployment, revision: Revision, strategy: str,
           user: AbstractBaseUser | None, *, steps: Any = None, analysis: Any = None,
-          scale_down_delay_s: int = 30, drain_timeout_s: int = 120) -> Rollout:
-    """Start rolling ``revision`` out: green starts beside blue on the next supervisor tick."""
+          scale_down_delay_s: int = 30, drain_timeout_s: int = 120,
+          start_timeout_s: int | None = None) -> Rollout:
+    """Start rolling ``revision`` out: green starts beside blue on the next supervisor tick.
+    ``start_timeout_s``: how long a green worker may make no progress before the rollout rolls
+    back; None derives it from the deployment's past starts (progress.default_deadline)."""
     if strategy not in Strategy.values:
         raise RolloutRefused(f"unknown strategy {strategy!r}; one of {', '.join(Strategy.values)}",
                              "strategy")
@@ -171,6 +199,10 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
         steps = in_place_steps(deployment, revision, steps)
     steps = validate_steps(DEFAULT_CANARY_STEPS if steps is None else steps)
     checked = validate_analysis(analysis)
+    deadline = validate_start_timeout(start_timeout_s)
+    why = "as asked"
+    if deadline is None:
+        deadline, why = progress.default_deadline(deployment.pk)
     with transaction.atomic():
         Deployment.objects.select_for_update().get(pk=deployment.pk)
         if (running := active(deployment)) is not None:
@@ -202,12 +234,14 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
         rollout = Rollout.objects.create(
             deployment=deployment, from_revision=blue, to_revision=revision, strategy=strategy,
             steps=steps, analysis=checked, scale_down_delay_s=0 if in_place else scale_down_delay_s,
-            drain_timeout_s=drain_timeout_s, weights={blue.label: 100, revision.label: 0},
+            drain_timeout_s=drain_timeout_s, start_timeout_s=deadline,
+            weights={blue.label: 100, revision.label: 0},
             green_ports=(blue_ports(deployment) if in_place
                          else green_ports(deployment, revision.spec)),
             state=first, state_since=timezone.now(), created_by=user)
         move(rollout, first, f"{user.get_username() if user else 'a command'} started "
-             f"a {strategy.replace('_', '-')} rollout of r{revision.number} over r{blue.number}")
+             f"a {strategy.replace('_', '-')} rollout of r{revision.number} over r{blue.number}; "
+             f"a green worker may go {deadline} s without progress ({why})")
     return rollout
 
 

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from console.accounts.models import Role
 from console.accounts.roles import may, require, visible
 from console.deployments.models import Deployment
-from console.rollouts import revisions, services
+from console.rollouts import progress, revisions, services
 from console.rollouts.api.serializers import RolloutSerializer
 from console.rollouts.forms import DraftForm, StartForm
 from console.rollouts.machine import TransitionRefused
@@ -60,6 +60,7 @@ def _revisions_page(request: HttpRequest, deployment: Deployment, *, draft_form:
     return render(request, "rollouts/revisions.html", {
         "deployment": deployment, "rows": listed, "draft_form": draft_form,
         "start_form": StartForm(), "refused": refused,
+        "default_deadline": progress.default_deadline(deployment.pk),
         "active": services.active(deployment),
         "can_operate": may(request.user, deployment.team_id, Role.OPERATOR),
     }, status=status)
@@ -104,7 +105,8 @@ def revision_rollout(request: HttpRequest, name: str, number: int) -> HttpRespon
                                                  for k, v in form.errors.items()))
     try:
         rollout = services.start(deployment, revision, form.cleaned_data["strategy"],
-                                 request.user, steps=form.cleaned_data["steps"])
+                                 request.user, steps=form.cleaned_data["steps"],
+                                 start_timeout_s=form.cleaned_data["start_timeout_s"])
     except (services.RolloutRefused, ValidationError) as exc:
         text = ("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
                 if isinstance(exc, ValidationError) else str(exc))
@@ -134,6 +136,7 @@ def _rollout_context(request: HttpRequest, rollout: Rollout) -> dict[str, Any]:
         "checks": sorted((latest or {}).get("metrics", {}).items()),
         "latest": latest,
         "transitions": list(rollout.transitions.all()),
+        "green_workers": sorted(rollout.progress.get("workers", {}).items()),
         "step": rollout.steps[rollout.step_index] if rollout.step_index < len(rollout.steps)
         else None,
         "blue_weight": rollout.weights.get(rollout.from_revision.label, 0),

@@ -64,6 +64,55 @@
     });
   }
 
+  // Green's workers while they start: phase, time since their start and since their last
+  // progress against the deadline, redrawn every second from the stored timestamps.
+  let live = initial.live || {};
+
+  function seconds(since, now) {
+    return since ? Math.max(0, Math.round((now - Date.parse(since)) / 1000)) + " s" : "—";
+  }
+
+  function showProgress() {
+    const table = document.getElementById("green-workers");
+    const workers = (live.progress || {}).workers || {};
+    const now = Date.now();
+    if (table) {
+      const deadline = live.start_timeout_s || Number(table.dataset.deadline);
+      const body = table.querySelector("tbody");
+      Object.keys(workers).sort().forEach(function (slot) {
+        const w = workers[slot];
+        let tr = document.getElementById("green-" + slot);
+        if (!tr) {
+          const none = body.querySelector("tr.none");
+          if (none) none.remove();
+          tr = document.createElement("tr"); tr.id = "green-" + slot;
+          ["slot", "phase", "elapsed", "idle", "restarts"].forEach(function (name) {
+            const td = document.createElement("td"); td.className = name; tr.appendChild(td);
+          });
+          body.appendChild(tr);
+        }
+        const ready = w.phase === "ready";
+        const cells = tr.children;
+        cells[0].textContent = slot;
+        cells[1].textContent = w.phase;
+        cells[2].textContent = ready ? "ready" : seconds(w.started_at, now);
+        cells[3].textContent = ready || live.state !== "starting" ? "—" :
+          seconds(w.progress_at, now) + " / " + deadline + " s";
+        cells[4].textContent = w.restarts - (w.restarts_at_start || 0);
+      });
+    }
+    const box = document.getElementById("rollout-window");
+    if (box) {
+      const win = (live.progress || {}).window;
+      if (!win) { box.textContent = "—"; return; }
+      const counts = Object.keys(win.requests || {}).map(function (k) {
+        return "r" + k + " " + Math.round(win.requests[k]) + "/" + (live.min_requests || box.dataset.min);
+      }).join(", ");
+      box.textContent = "collecting for " + seconds(win.opened, now) + " (bound " +
+        box.dataset.bound + " s)" + (counts ? ": " + counts + " requests" : "");
+    }
+  }
+
   function showChecks(run) {
     const body = document.querySelector("#checks tbody");
     if (!body) return;
@@ -96,6 +145,8 @@
 
   (initial.analyses || []).forEach(addPoint);
   draw();
+  showProgress();
+  setInterval(showProgress, 1000);
 
   function connect() {
     const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
@@ -104,6 +155,8 @@
       const message = JSON.parse(event.data);
       if (message.type !== "rollout" || message.rollout.id !== rolloutId) return;
       showState(message.rollout);
+      live = message.rollout;
+      showProgress();
       (message.transitions || []).forEach(addTransition);
       (message.analyses || []).forEach(function (run) { addPoint(run); showChecks(run); });
       if ((message.analyses || []).length) draw();

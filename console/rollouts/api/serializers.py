@@ -12,6 +12,7 @@ from console.deployments.api.serializers import GateSettingsSerializer, VariantF
 from console.deployments.models import Deployment
 from console.rollouts import revisions
 from console.rollouts.models import AnalysisRun, Revision, Rollout, RolloutTransition
+from console.rollouts.services import START_TIMEOUT_RANGE
 
 # The revision's own fields a draft may change (the gate comes as one object).
 DRAFT_FIELDS = ("mode", "dtype", "kv_channel", "block_size", "kv_cache_dtype", "kv_cache_gib",
@@ -107,14 +108,21 @@ class RolloutSerializer(serializers.ModelSerializer):
                                               allow_null=True)
     transitions = TransitionSerializer(many=True, read_only=True)
     analyses = serializers.SerializerMethodField(help_text=f"the last {ANALYSES_SHOWN} windows")
+    start_timeout_s = serializers.IntegerField(
+        read_only=True, help_text="a green worker that makes no progress (no log line, no new "
+                                  "phase) for this long rolls the rollout back")
+    progress = serializers.JSONField(
+        read_only=True, help_text='{"workers": {slot: {"phase", "phase_since", "progress_at", '
+                                  '"started_at", "restarts", ...}}, "window": {"opened", '
+                                  '"requests"}}: green\'s start and the window being collected')
 
     class Meta:
         model = Rollout
         fields = ["id", "deployment", "deployment_name", "from_revision", "to_revision",
                   "strategy", "state", "paused_from", "step_index", "steps", "weights",
                   "analysis", "failures", "gate", "reason", "scale_down_delay_s",
-                  "drain_timeout_s", "state_since", "created_by", "created", "finished",
-                  "transitions", "analyses"]
+                  "drain_timeout_s", "start_timeout_s", "progress", "state_since", "created_by",
+                  "created", "finished", "transitions", "analyses"]
         read_only_fields = fields
 
     @extend_schema_field(AnalysisRunSerializer(many=True))
@@ -130,6 +138,13 @@ class StartSerializer(serializers.Serializer):
     steps = serializers.JSONField(required=False, allow_null=True,
                                   help_text='[{"weight": 10, "hold_s": 60}, ..., {"weight": 100}]')
     analysis = serializers.JSONField(required=False, allow_null=True,
-                                     help_text="interval_s, failure_limit, min_requests, metrics")
+                                     help_text="interval_s, failure_limit, min_requests, "
+                                               "max_inconclusive_s, metrics")
     scale_down_delay_s = serializers.IntegerField(min_value=0, max_value=86_400, default=30)
     drain_timeout_s = serializers.IntegerField(min_value=1, max_value=86_400, default=120)
+    start_timeout_s = serializers.IntegerField(
+        min_value=START_TIMEOUT_RANGE[0], max_value=START_TIMEOUT_RANGE[1], required=False,
+        allow_null=True, help_text="how long a green worker may make no progress (no log line, "
+        "no new load phase) before the rollout rolls back; counted from its last progress. "
+        "Default: 3 x the deployment's slowest recorded worker start, 300-3600 s (600 s "
+        "without one)")

@@ -18,7 +18,7 @@ from console.rollouts.models import Rollout
 
 MOVES = ("pause", "resume", "promote", "rollback")
 FLAGS = {"revision": "--revision", "strategy": "--strategy", "steps": "--steps",
-         "analysis": "--analysis"}
+         "analysis": "--analysis", "start_timeout_s": "--start-timeout-s"}
 
 
 def _deployment(value: str) -> Deployment:
@@ -66,7 +66,11 @@ class Command(BaseCommand):
                            choices=list(Rollout.Strategy.values))
         start.add_argument("--steps", help='JSON: [{"weight": 10, "hold_s": 60}, ...]')
         start.add_argument("--analysis", help="JSON: interval_s, failure_limit, min_requests, "
-                                              "metrics")
+                                              "max_inconclusive_s, metrics")
+        start.add_argument("--start-timeout-s", type=int, default=None,
+                           help="seconds a green worker may make no progress before the "
+                                "rollout rolls back (default: 3 x the slowest recorded start, "
+                                "300-3600 s)")
         status = sub.add_parser("status", help="one rollout as JSON")
         status.add_argument("rollout", type=int, metavar="ROLLOUT_ID")
         for name in MOVES:
@@ -110,7 +114,8 @@ class Command(BaseCommand):
         analysis = _json(options.get("analysis"), "--analysis")
         try:
             rollout = services.start(deployment, revision, options["strategy"], None,
-                                     steps=steps, analysis=analysis)
+                                     steps=steps, analysis=analysis,
+                                     start_timeout_s=options.get("start_timeout_s"))
         except services.RolloutRefused as exc:
             raise CommandError(f"{_flag(exc.field)}: {exc}" if exc.field in FLAGS
                                else str(exc)) from exc
@@ -118,7 +123,8 @@ class Command(BaseCommand):
             raise CommandError("; ".join(f"{_flag(k)} ({k}): {' '.join(v)}"
                                          for k, v in exc.message_dict.items())) from exc
         self.stdout.write(f"rollout #{rollout.pk} started: r{rollout.from_revision.number} -> "
-                          f"r{rollout.to_revision.number} ({rollout.strategy})")
+                          f"r{rollout.to_revision.number} ({rollout.strategy}; start deadline "
+                          f"{rollout.start_timeout_s} s without progress)")
 
     def _move(self, name: str, rollout: Rollout) -> None:
         try:
