@@ -163,10 +163,45 @@ FROM_PLAN = (("ttft_slo", "ttft_slo_ms", 1 / 1000), ("tpot_slo", "tpot_slo_ms", 
              ("decode_queue", "concurrency", 1), ("prefill_queue", "concurrency", 1))
 
 
+# The ready-made rules only a PD plan has (their series or role need prefill and decode).
+PD_ONLY = ("role_unavailable", "handoff_failures", "prefill_queue", "pd_fallback", "pd_load_skew")
+# The rules whose role (and name) follow the generating role: decode in PD, colocated else.
+FOLLOW_GENERATOR = ("tpot_slo", "decode_queue")
+
+
+def follow_topology(before: Any, after: Any, rule_model: Any) -> int:
+    """After a switch between PD and colocated (a plan edit, or a rollout's promotion), the
+    ready-made rules are made again for the new topology: the rules of the generating role
+    move to it (decode <-> colocated) with their thresholds, ``for`` and the rest as they are;
+    the PD-only rules are disabled while the plan is colocated and enabled again (thresholds
+    kept) when it is PD; ready-made rules the plan lacks are created. Returns the rules
+    changed or created."""
+    if before.mode == after.mode:
+        return 0
+    old_specs = {spec["key"]: spec for spec in rule_specs(before)}
+    new_specs = {spec["key"]: spec for spec in rule_specs(after)}
+    changed = 0
+    rules = rule_model.objects.filter(deployment=after)
+    for key in FOLLOW_GENERATOR:
+        old, new = old_specs[key], new_specs[key]
+        for rule in rules.filter(key=key):
+            fields = {name: new[name] for name in ("role", "name")
+                      if getattr(rule, name) == old[name] and old[name] != new[name]}
+            if fields:
+                rules.filter(pk=rule.pk).update(**fields)
+                changed += 1
+    pd = after.mode == "pd"
+    changed += rules.filter(key__in=PD_ONLY, enabled=not pd).update(enabled=pd)
+    if pd:
+        changed += ensure_rules(after, rule_model)
+    return changed
+
+
 def follow_plan(before: Any, after: Any, rule_model: Any) -> int:
     """After a plan edit, a ready-made threshold that still equals the old plan's number takes
-    the new one; a threshold someone edited stays as they set it."""
-    moved = 0
+    the new one; a threshold someone edited stays as they set it. A topology switch re-makes
+    the rules for the new one (follow_topology)."""
+    moved = follow_topology(before, after, rule_model)
     for key, field, scale in FROM_PLAN:
         old, new = getattr(before, field), getattr(after, field)
         if old == new:
