@@ -5,6 +5,7 @@ failed KV hand-off and a mid-stream failure each told to the client as what they
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 
@@ -12,18 +13,21 @@ import aiohttp
 from aiohttp import web
 
 from inference.router.adaptive import AdaptivePlacer
-from inference.router.backends import Backend, KvLease
+from inference.router.backends import Backend, KvLease, NoBackendAvailable
 from inference.router.calls import WorkerCalls
 from inference.router.handoff import PATHS
 from inference.router.metrics import RouterMetrics
+from inference.router.migration import MAX_MIGRATIONS, StreamRelay, why_not_continuable
 from inference.router.prompts import ParsedRequest
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
     BackendFailure,
     describe,
     error_response,
+    ran_out_of_time,
     relay,
     sse_error,
+    sse_error_message,
     stream_usage_counts,
     upstream_message,
     usage_counts,
@@ -46,31 +50,103 @@ class Forwarder:
                       handoff: KvLease | None = None) -> web.StreamResponse:
         """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
         ``handoff``: the prefill worker's KV that decode must load; released once decode has
-        started answering (the caller releases it on every other way out)."""
+        started answering (the caller releases it on every other way out).
+
+        A worker that fails before anything reached the client is replaced (see
+        ``_replacement``); a stream cut mid-way goes on on another worker (migration.py)."""
+        blocked = why_not_continuable(parsed) if parsed.stream else "not_streamed"
+        if blocked is None:
+            # The answer's token ids, which a continuation needs; the client does not see them
+            # unless it asked for them itself.
+            body = json.dumps({**json.loads(body), "return_token_ids": True}).encode()
+        stream = StreamRelay(parsed, blocked) if parsed.stream else None
         backend = self.calls.pick(role, parsed)
+        tried = [backend]
+        while True:
+            try:
+                return await self._call(request, role, parsed, backend, body, timeline, handoff,
+                                        stream, tried)
+            except BackendFailure as exc:
+                if exc.timed_out or len(tried) > MAX_MIGRATIONS:
+                    raise
+                # A decode that failed before the first byte and has no peer is the server's
+                # to hand to prefill (degraded mode, the client's own body).
+                replacement = self._replacement(role, parsed, exc, tried, to_prefill=False)
+                if replacement is None:
+                    raise
+                failure = exc
+                role, backend, reused = replacement
+            if failure.unsent and reused:
+                # Nothing reached the worker: the same call, KV hand-off and all.
+                self.metrics.retries.labels(failure.role).inc()
+                timeline.mark(f"{failure.role}_retried")
+                reason = "not_sent"
+            else:
+                reason = "not_sent" if failure.unsent else "before_first_byte"
+                if handoff is not None:
+                    # The failed decode may have pulled the KV (then prefill freed it) or
+                    # died pulling it: the next worker computes the prompt itself.
+                    handoff.release()
+                    handoff = None
+                    body = json.dumps({k: v for k, v in json.loads(body).items()
+                                       if k != "kv_transfer_params"}).encode()
+            self._migrated(timeline, reason, failure.backend, role, backend, 0)
+            log.warning("request %s: %s; %s on %s %s", timeline.request_id, failure,
+                        "retrying" if reason == "not_sent" else "migrating", role, backend.url)
+            timeline.retried_from = failure.backend.url
+            tried.append(backend)
+
+    def _replacement(self, role: str, parsed: ParsedRequest, failure: BackendFailure,
+                     tried: list[Backend], to_prefill: bool = True
+                     ) -> tuple[str, Backend, bool] | None:
+        """Where a request goes after ``failure``: another ready worker of ``role`` not tried
+        yet; for a call that never reached its worker, that worker again if it is still up
+        and has no peer (a connect timeout on a saturated host does not take it out); else
+        the other role of a PD group (a decode failure goes to prefill in degraded mode, which
+        runs the request whole; a whole request on prefill goes to decode). Returns the role,
+        the worker and whether the call is repeated as it was (same role, KV hand-off kept)."""
+        pools = self.calls.pools
+        backend = self._pick(role, parsed, tried)
+        if backend is not None:
+            return role, backend, True
+        failed = failure.backend
+        if failure.unsent and failed.healthy and not failed.draining and tried.count(failed) == 1:
+            return role, failed, True
+        other = {"decode": "prefill", "prefill": "decode"}.get(role)
+        if other is None or other not in pools:
+            return None
+        if other == "prefill" and not (to_prefill and self.calls.config.degraded_mode):
+            return None
+        backend = self._pick(other, parsed, tried)
+        if backend is None:
+            return None
+        if other == "prefill":
+            self.metrics.degraded.labels("decode", self.calls.revision).inc()
+        return other, backend, False
+
+    def _pick(self, role: str, parsed: ParsedRequest, tried: list[Backend]) -> Backend | None:
+        pool = self.calls.pools[role]
         try:
-            return await self._call(request, role, parsed, backend, body, timeline, handoff)
-        except BackendFailure as failure:
-            if not failure.unsent:
-                raise
-            first = failure
-        again = self.calls.pick_again(role, parsed, first)
-        if again is None:
-            raise first
-        self.metrics.retries.labels(role).inc()
-        log.warning("request %s: %s; retrying on %s", timeline.request_id, first, again.url)
-        timeline.retried_from = backend.url
-        timeline.mark(f"{role}_retried")
-        return await self._call(request, role, parsed, again, body, timeline, handoff)
+            choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (),
+                               only=lambda b: b not in tried)
+        except NoBackendAvailable:
+            return None
+        self.metrics.decision(role, pool.policy.name, choice.outcome)
+        return choice.backend
+
+    def _migrated(self, timeline: Timeline, reason: str, failed: Backend, role: str,
+                  backend: Backend, sent_tokens: int) -> None:
+        self.metrics.migrations.labels(reason, failed.role, self.calls.revision).inc()
+        timeline.mark_once("migrated")
+        timeline.migrations.append({"reason": reason, "from": failed.url, "to": backend.url,
+                                    "role": role, "sent_tokens": sent_tokens})
 
     async def _call(self, request: web.Request, role: str, parsed: ParsedRequest,
                     backend: Backend, body: bytes, timeline: Timeline,
-                    handoff: KvLease | None) -> web.StreamResponse:
+                    handoff: KvLease | None, stream: StreamRelay | None,
+                    tried: list[Backend]) -> web.StreamResponse:
         request_id = timeline.request_id
-        if role == "decode":
-            timeline.decode = backend.url
-        elif role == "prefill":
-            timeline.prefill = backend.url
+        self._name(timeline, role, backend)
         # The first dispatch: a retry is marked as such after it.
         timeline.mark_once("decode_dispatched")
         # Not retriable: a failure here may come after chunks reached the client.
@@ -78,7 +154,7 @@ class Forwarder:
             backend, PATHS[parsed.endpoint], timeline, retriable=False, data=body,
             headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
         ) as upstream:
-            if upstream.status != 200 or not parsed.stream:
+            if upstream.status != 200 or stream is None:
                 payload = await upstream.read()
                 if handoff is not None:
                     handoff.release()
@@ -96,79 +172,120 @@ class Forwarder:
                 if upstream.status == 200:
                     timeline.prompt_tokens, timeline.completion_tokens = usage_counts(payload)
                 return relay(upstream.status, payload, upstream, request_id)
-            return await self._stream(request, role, parsed, backend, upstream, timeline, handoff)
+            return await self._stream(request, role, parsed, backend, upstream, timeline,
+                                      handoff, stream, tried)
+
+    @staticmethod
+    def _name(timeline: Timeline, role: str, backend: Backend) -> None:
+        if role == "decode":
+            timeline.decode = backend.url
+        elif role == "prefill":
+            timeline.prefill = backend.url
 
     async def _stream(self, request: web.Request, role: str, parsed: ParsedRequest,
                       backend: Backend, upstream: aiohttp.ClientResponse,
-                      timeline: Timeline, handoff: KvLease | None) -> web.StreamResponse:
+                      timeline: Timeline, handoff: KvLease | None, stream: StreamRelay,
+                      tried: list[Backend]) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Request-Id": timeline.request_id,
             REVISION_HEADER: self.calls.revision,
         })
-        await response.prepare(request)
-        timeline.streamed = True
-        first = True
-        itl = self.metrics.itl_seconds.labels(self.calls.revision)
-        sent_at = 0.0
-        # The last two chunks: where the usage event a client may ask for ends the stream.
-        previous = last = b""
-        try:
-            # hot path: runs once per streamed chunk
-            async for chunk in upstream.content.iter_any():
-                if handoff is not None:
-                    # Decode has produced a token, so it has pulled the KV.
-                    handoff.release()
-                try:
-                    await response.write(chunk)
-                except ConnectionResetError:
-                    # The client left. Leaving the caller's block closes the connection to the
-                    # worker, and vLLM aborts a request whose client is gone.
-                    self.metrics.client_disconnects.labels(parsed.endpoint).inc()
-                    timeline.error = "client disconnected"
-                    return response
-                timeline.stream_chunks += chunk.count(b"data: ")
-                previous, last = last, chunk
-                # Inter-token latency between JSON events ([DONE] is none); events that came
-                # in one read reach the client together, as the benchmark client sees them.
-                if tokens := chunk.count(b"data: {"):
-                    now = time.perf_counter()
-                    if sent_at:
-                        itl.observe(now - sent_at)
-                    for _ in range(tokens - 1):
-                        itl.observe(0.0)
-                    sent_at = now
-                if first:
-                    first = False
-                    self.metrics.first_byte_seconds.labels(parsed.endpoint, self.calls.revision
-                                                           ).observe(timeline.since_arrival())
-                    timeline.mark("first_token")
-                    if (self.placer is not None and timeline.kv.get("local_prefill")
-                            and timeline.retried_from is None):
-                        # The prompt's prefill on decode, plus the wait for the worker's step
-                        # in progress: what its streams paused for.
-                        self.placer.local_speed.observe(
-                            len(parsed.prompt_token_ids),
-                            (timeline.events["first_token"]
-                             - timeline.events["decode_dispatched"]) / 1000)
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            self.calls.backend_failed(backend, exc)
-            timeline.error = f"{role} failed mid-stream: {describe(exc)}"
-            with contextlib.suppress(ConnectionResetError):
-                await response.write(sse_error(role, backend, exc))
-        else:
+        pump = _Pump(self, request, response, parsed, timeline, stream)
+        outcome = await pump.run(upstream, backend, handoff)
+        if isinstance(outcome, BaseException) and not response.prepared:
+            # Nothing reached the client: the caller's block turns this into BackendFailure,
+            # and forward() tries the request elsewhere from the start.
+            raise outcome
+        while isinstance(outcome, BaseException):
+            outcome, role, backend = await self._go_on(pump, role, backend, outcome, tried)
+        if outcome is _Pump.ENDED:
             backend.call_succeeded()
-            tail = previous + last
-            if b'"usage"' in tail:
-                prompt_tokens, completion_tokens = stream_usage_counts(tail)
-                if completion_tokens is not None:
-                    timeline.prompt_tokens, timeline.completion_tokens = (prompt_tokens,
-                                                                          completion_tokens)
-        timeline.mark("last_token")
-        with contextlib.suppress(ConnectionResetError):
-            await response.write_eof()
+            if stream.continuing:
+                timeline.completion_tokens = len(stream.sent_ids)
+                timeline.prompt_tokens = len(stream.prompt_ids or ())
+            else:
+                tail = pump.previous + pump.last
+                if b'"usage"' in tail:
+                    prompt_tokens, completion_tokens = stream_usage_counts(tail)
+                    if completion_tokens is not None:
+                        timeline.prompt_tokens, timeline.completion_tokens = (
+                            prompt_tokens, completion_tokens)
+        if outcome is not _Pump.CLIENT_GONE:
+            timeline.mark("last_token")
+            with contextlib.suppress(ConnectionResetError):
+                await response.write_eof()
         return response
+
+    async def _go_on(self, pump: _Pump, role: str, failed: Backend, exc: BaseException,
+                     tried: list[Backend]) -> tuple[object, str, Backend]:
+        """After ``failed`` broke off a stream some of which reached the client: the rest from
+        another worker, or an SSE error event saying why not. Returns the outcome of what was
+        tried (ENDED, CLIENT_GONE, FAILED or the next worker's failure), and where."""
+        stream, timeline = pump.stream, pump.timeline
+        why_not = None if not ran_out_of_time(exc) else "request_timeout"
+        why_not = why_not or stream.why_not_now()
+        if why_not is None and (stream.done or stream.finished):
+            # Every token was passed on; only the ending was lost.
+            if not stream.done:
+                wants = bool((pump.parsed.body.get("stream_options") or {}).get("include_usage"))
+                await pump.write(stream.tail(wants))
+            self._migrated(timeline, "after_last_token", failed, role, failed,
+                           len(stream.sent_ids))
+            return _Pump.ENDED, role, failed
+        body = stream.continuation(pump.parsed.body) if why_not is None else None
+        if why_not is None and body is None:
+            why_not = "length_reached"  # cannot happen without a finish_reason; be safe
+        if why_not is None and len(tried) > MAX_MIGRATIONS:
+            why_not = "too_many_failures"
+        replacement = None
+        if why_not is None:
+            replacement = self._replacement(role, pump.parsed,
+                                            BackendFailure(role, failed, describe(exc)), tried)
+            if replacement is None:
+                why_not = "no_worker"
+        if why_not is not None or replacement is None:
+            self.metrics.migrations_refused.labels(why_not or "no_worker",
+                                                   self.calls.revision).inc()
+            timeline.error = f"{role} failed mid-stream: {describe(exc)}"
+            log.warning("request %s: %s worker %s failed mid-stream (%s); cannot continue: %s",
+                        timeline.request_id, role, failed.url, describe(exc), why_not)
+            await pump.write(sse_error(role, failed, exc, why_not))
+            return _Pump.FAILED, role, failed
+        next_role, backend, _same = replacement
+        tried.append(backend)
+        self._migrated(timeline, "mid_stream", failed, next_role, backend, len(stream.sent_ids))
+        timeline.retried_from = failed.url
+        self._name(timeline, next_role, backend)
+        log.warning("request %s: %s worker %s failed mid-stream (%s) after %d tokens; "
+                    "continuing on %s %s", timeline.request_id, role, failed.url, describe(exc),
+                    len(stream.sent_ids), next_role, backend.url)
+        stream.continue_from()
+        try:
+            async with self.calls.post(
+                backend, PATHS["completions"], timeline, retriable=False, json=body,
+                headers={"X-Request-Id": timeline.request_id},
+            ) as upstream:
+                if upstream.status != 200:
+                    payload = await upstream.read()
+                    if upstream.status >= 500:
+                        self.calls.call_failed(backend)
+                    message = (f"{role} worker {failed.url} failed mid-stream "
+                               f"({describe(exc)}); its continuation on {backend.url} was "
+                               f"answered {upstream.status}: {upstream_message(payload)}")
+                    timeline.error = message
+                    await pump.write(sse_error_message(message, f"{role}_failed"))
+                    return _Pump.FAILED, next_role, backend
+                outcome = await pump.run(upstream, backend, None)
+                if outcome is _Pump.ENDED:
+                    backend.call_succeeded()
+                return outcome, next_role, backend
+        except BackendFailure as failure:
+            # The continuation's worker failed before its first event (the block's failures
+            # are the pump's own): go on from the same place, elsewhere.
+            cause = failure.__cause__ if failure.__cause__ is not None else failure
+            return cause, next_role, backend
 
     def _handoff_failed(self, backend: Backend, prefill_url: str, status: int, payload: bytes,
                         timeline: Timeline) -> web.Response:
@@ -182,3 +299,94 @@ class Forwarder:
         self.metrics.handoff_failures.labels(self.calls.revision).inc()
         timeline.error = message
         return error_response(502, message, timeline.request_id, code="kv_handoff_failed")
+
+
+class _Pump:
+    """Relays one worker's stream to the client after another: the events (through the
+    request's StreamRelay), the first-token and inter-token metrics, and the client leaving."""
+
+    ENDED, CLIENT_GONE, FAILED = object(), object(), object()
+
+    def __init__(self, forwarder: Forwarder, request: web.Request, response: web.StreamResponse,
+                 parsed: ParsedRequest, timeline: Timeline, stream: StreamRelay):
+        self.forwarder = forwarder
+        self.request = request
+        self.response = response
+        self.parsed = parsed
+        self.timeline = timeline
+        self.stream = stream
+        # Unless the stream is continuable, its bytes go on as they come, unparsed.
+        self.parsing = stream.blocked is None
+        self.itl = forwarder.metrics.itl_seconds.labels(forwarder.calls.revision)
+        self.sent_at = 0.0
+        # The last two chunks: where the usage event a client may ask for ends the stream.
+        self.previous = self.last = b""
+
+    async def write(self, data: bytes) -> bool:
+        """Pass ``data`` on; False if the client has left."""
+        if not self.response.prepared:
+            await self.response.prepare(self.request)
+            self.timeline.streamed = True
+        try:
+            await self.response.write(data)
+        except ConnectionResetError:
+            # The client left. Leaving the caller's block closes the connection to the
+            # worker, and vLLM aborts a request whose client is gone.
+            self.forwarder.metrics.client_disconnects.labels(self.parsed.endpoint).inc()
+            self.timeline.error = "client disconnected"
+            return False
+        return True
+
+    async def run(self, upstream: aiohttp.ClientResponse, backend: Backend,
+                  handoff: KvLease | None) -> object:
+        """Relay ``upstream`` until it ends (ENDED), the client leaves (CLIENT_GONE) or the
+        worker fails (the exception; told to passive health once the client has had bytes,
+        before that the caller's block does it)."""
+        timeline = self.timeline
+        try:
+            # hot path: runs once per streamed chunk
+            async for chunk in upstream.content.iter_any():
+                if handoff is not None:
+                    # Decode has produced a token, so it has pulled the KV.
+                    handoff.release()
+                out = self.stream.feed(chunk) if self.parsing else chunk
+                if not out:
+                    continue
+                first = not self.response.prepared
+                if not await self.write(out):
+                    return self.CLIENT_GONE
+                timeline.stream_chunks += out.count(b"data: ")
+                self.previous, self.last = self.last, out
+                # Inter-token latency between JSON events ([DONE] is none); events that came
+                # in one read reach the client together, as the benchmark client sees them.
+                if tokens := out.count(b"data: {"):
+                    now = time.perf_counter()
+                    if self.sent_at:
+                        self.itl.observe(now - self.sent_at)
+                    for _ in range(tokens - 1):
+                        self.itl.observe(0.0)
+                    self.sent_at = now
+                if first:
+                    self._first_token()
+        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            if self.response.prepared:
+                self.forwarder.calls.backend_failed(backend, exc)
+            return exc
+        if not self.response.prepared:
+            # An empty answer: the client still gets its (empty) stream.
+            await self.response.prepare(self.request)
+            timeline.streamed = True
+        return self.ENDED
+
+    def _first_token(self) -> None:
+        forwarder, timeline, parsed = self.forwarder, self.timeline, self.parsed
+        forwarder.metrics.first_byte_seconds.labels(parsed.endpoint, forwarder.calls.revision
+                                                    ).observe(timeline.since_arrival())
+        timeline.mark("first_token")
+        if (forwarder.placer is not None and timeline.kv.get("local_prefill")
+                and timeline.retried_from is None):
+            # The prompt's prefill on decode, plus the wait for the worker's step in
+            # progress: what its streams paused for.
+            forwarder.placer.local_speed.observe(
+                len(parsed.prompt_token_ids),
+                (timeline.events["first_token"] - timeline.events["decode_dispatched"]) / 1000)

@@ -135,6 +135,17 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("tpot_seconds", Histogram, "pdserve_router_tpot_seconds",
                "Streamed answers of more than one token: (end-to-end time - TTFT) / (completion "
                "tokens - 1), per request", ("revision",), buckets=TOKEN_BUCKETS),
+    MetricSpec("migrations", Counter, "pdserve_router_migrations",
+               "Requests moved to another worker after theirs failed, by reason (not_sent: "
+               "never reached it; before_first_byte: failed before the client had a byte, "
+               "run again from the start; mid_stream: a stream continued from its last token; "
+               "after_last_token: only its ending was lost) and the failed worker's role",
+               ("reason", "role", "revision")),
+    MetricSpec("migrations_refused", Counter, "pdserve_router_migrations_refused",
+               "Streams cut mid-way that could not go on on another worker (they end with an "
+               "SSE error event), by why: several_sequences, logprobs, echo, structured_output, "
+               "tools, stop_strings, no_token_ids, parsed_output, no_worker, request_timeout, ...",
+               ("reason", "revision")),
 )
 
 
@@ -174,6 +185,8 @@ class RouterMetrics:
     ttft_seconds: Histogram
     itl_seconds: Histogram
     tpot_seconds: Histogram
+    migrations: Counter
+    migrations_refused: Counter
 
     @classmethod
     def create(cls) -> RouterMetrics:

@@ -14,7 +14,7 @@ from typing import Any
 
 # Steps in the order they happen; each is stored as ms since the request arrived.
 EVENTS = ("received", "prefill_queued", "prefill_dispatched", "prefill_retried", "prefill_done",
-          "decode_dispatched", "decode_retried", "first_token", "last_token")
+          "decode_dispatched", "decode_retried", "first_token", "migrated", "last_token")
 
 
 @dataclass
@@ -30,6 +30,9 @@ class Timeline:
     decode: str | None = None
     # The worker that failed before the one named in `prefill` (or `decode`) was tried instead.
     retried_from: str | None = None
+    # Each move to another worker after a failure (forward.py): reason, from, to, role and
+    # the tokens the client had been sent by then.
+    migrations: list[dict[str, Any]] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     stream_chunks: int = 0
@@ -61,6 +64,7 @@ class Timeline:
             "prefill": self.prefill,
             "decode": self.decode,
             "retried_from": self.retried_from,
+            "migrations": self.migrations,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "stream_chunks": self.stream_chunks,

@@ -130,13 +130,33 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def sse_error(role: str, backend: Backend, exc: BaseException) -> bytes:
-    error = {
-        "error": {
-            "message": f"{role} worker {backend.url} failed mid-stream: {describe(exc)}",
-            "type": "server_error",
-            "param": None,
-            "code": f"{role}_failed",
-        }
-    }
+def sse_error(role: str, backend: Backend, exc: BaseException, why_not: str | None = None) -> bytes:
+    message = f"{role} worker {backend.url} failed mid-stream: {describe(exc)}"
+    if why_not is not None:
+        message += f"; the stream cannot go on on another worker: {CANNOT_CONTINUE.get(why_not, why_not)}"
+    return sse_error_message(message, f"{role}_failed")
+
+
+def sse_error_message(message: str, code: str) -> bytes:
+    error = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
     return f"data: {json.dumps(error)}\n\n".encode()
+
+
+# Why a stream cut mid-way was not continued, as the client's error event says it
+# (migration.py's reasons).
+CANNOT_CONTINUE = {
+    "several_sequences": "it asks for several sequences (n, best_of or a batch of prompts)",
+    "logprobs": "it asks for logprobs",
+    "echo": "it echoes its prompt",
+    "structured_output": "its output is constrained (response_format, structured outputs)",
+    "tools": "it offers tools",
+    "stop_strings": "it has stop strings (vLLM holds back text that may begin one)",
+    "no_token_ids": "the worker did not return the answer's token ids",
+    "parsed_output": "the worker parses tool calls or reasoning out of the answer",
+    "worker_error_event": "the worker sent an error event",
+    "unreadable_event": "the worker sent an event that is not JSON",
+    "request_timeout": "the request's time is up",
+    "no_worker": "no other ready worker",
+    "too_many_failures": "each worker it was tried on failed",
+    "length_reached": "its answer has all its tokens",
+}

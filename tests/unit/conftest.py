@@ -115,6 +115,10 @@ class StubVLLM:
     die_after_chunks: int | None = None
     # For a non-streamed answer: promise a longer body than is sent, then close.
     truncate_json_body: bool = False
+    # Stream like a greedy model: max_tokens tokens, each a function of every token before it
+    # (prompt and answer), so that any stub continues any other's answer exactly as it would
+    # have gone on; a chat stream opens with vLLM's role event.
+    generative: bool = False
     # When set, streaming pauses after the first chunk until the test releases it.
     stream_gate: asyncio.Event | None = None
     # Put vLLM's usage (prompt and completion tokens) in non-streamed answers, and in streamed
@@ -168,16 +172,71 @@ class StubVLLM:
         text = prompt[0] if isinstance(prompt, list) else prompt
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
-    def sse_chunks(self, endpoint: str) -> list[bytes]:
-        """The exact bytes this stub streams, so tests can compare byte for byte."""
+    def sse_chunks(self, endpoint: str, body: dict[str, Any] | None = None,
+                   prompt_ids: list[int] | None = None) -> list[bytes]:
+        """The exact bytes this stub streams, so tests can compare byte for byte. With
+        ``return_token_ids`` in ``body``, each choice carries its token ids (and the first
+        event the prompt's), as vLLM's do."""
+        body = body or {}
+        with_ids = bool(body.get("return_token_ids"))
+        if self.generative:
+            return self._generated_chunks(endpoint, body, prompt_ids or [])
         chunks = []
         for i in range(self.stream_chunks):
             if endpoint == "chat":
                 choice: dict[str, Any] = {"index": 0, "delta": {"content": f"{self.name}-{i} "}}
             else:
                 choice = {"index": 0, "text": f"{self.name}-{i} "}
+            if with_ids:
+                choice["token_ids"] = [100 + i]
             event = {"id": f"{self.name}-stream", "object": "chunk", "choices": [choice]}
-            chunks.append(f"data: {json.dumps(event)}\n\n".encode())
+            if with_ids and i == 0:
+                if endpoint == "chat":
+                    event["prompt_token_ids"] = prompt_ids
+                else:
+                    choice["prompt_token_ids"] = prompt_ids
+            chunks.append(f"data: {compact(event)}\n\n".encode())
+        chunks.append(b"data: [DONE]\n\n")
+        return chunks
+
+    def _generated_chunks(self, endpoint: str, body: dict[str, Any],
+                          prompt_ids: list[int]) -> list[bytes]:
+        with_ids = bool(body.get("return_token_ids"))
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or 8
+        sequence = list(prompt_ids)
+        chunks = []
+        head = {"id": f"{self.name}-{len(self.requests)}", "created": 1000 + len(self.requests),
+                "model": body.get("model", "stub")}
+        if endpoint == "chat":
+            event: dict[str, Any] = {**head, "object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None}]}
+            if with_ids:
+                event["prompt_token_ids"] = prompt_ids
+            chunks.append(f"data: {compact(event)}\n\n".encode())
+        for i in range(limit):
+            token = next_token(sequence)
+            sequence.append(token)
+            finish = "length" if i == limit - 1 else None
+            if endpoint == "chat":
+                choice: dict[str, Any] = {"index": 0, "delta": {"content": f"w{token} "},
+                                          "logprobs": None, "finish_reason": finish}
+                event = {**head, "object": "chat.completion.chunk", "choices": [choice]}
+            else:
+                choice = {"index": 0, "text": f"w{token} ", "logprobs": None,
+                          "finish_reason": finish, "stop_reason": None}
+                if with_ids and i == 0:
+                    choice["prompt_token_ids"] = prompt_ids
+                event = {**head, "object": "text_completion", "choices": [choice]}
+            if with_ids:
+                choice["token_ids"] = [token]
+            chunks.append(f"data: {compact(event)}\n\n".encode())
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": limit,
+                     "total_tokens": len(prompt_ids) + limit}
+            event = {**head, "object": "chat.completion.chunk" if endpoint == "chat"
+                     else "text_completion", "choices": [], "usage": usage}
+            chunks.append(f"data: {compact(event)}\n\n".encode())
         chunks.append(b"data: [DONE]\n\n")
         return chunks
 
@@ -254,8 +313,10 @@ class StubVLLM:
                       body: dict[str, Any]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        chunks = self.sse_chunks(endpoint)
-        if self.with_usage and (body.get("stream_options") or {}).get("include_usage"):
+        chunks = self.sse_chunks(endpoint, body, self._prompt_ids(endpoint, body))
+        if self.generative:
+            pass
+        elif self.with_usage and (body.get("stream_options") or {}).get("include_usage"):
             # vLLM's last event before [DONE] when the client asks for usage: no choices.
             prompt_tokens = len(self._prompt_ids(endpoint, body))
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": self.stream_chunks,
@@ -299,6 +360,22 @@ def dead_url() -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     yield f"http://127.0.0.1:{port}"
+
+
+def as_client_sent(body: dict[str, Any]) -> dict[str, Any]:
+    """A worker's request body without the answer's token ids, which the router asks for on
+    every stream it can continue on another worker (forward.py)."""
+    return {k: v for k, v in body.items() if k != "return_token_ids"}
+
+
+def compact(event: dict[str, Any]) -> str:
+    """JSON as vLLM writes it (pydantic): no spaces."""
+    return json.dumps(event, separators=(",", ":"))
+
+
+def next_token(sequence: list[int]) -> int:
+    """The stub model's greedy choice after ``sequence``."""
+    return 3 + (sum(sequence) * 7 + len(sequence) * 13) % 40
 
 
 def vllm_400(message: str) -> dict[str, Any]:

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from inference.router.handoff import NIXL_PREFILL_PARAMS
-from tests.unit.conftest import MODEL, STUB_NIXL_RESPONSE_PARAMS, RunningRouter, StubVLLM, wait_until
+from tests.unit.conftest import (
+    MODEL,
+    STUB_NIXL_RESPONSE_PARAMS,
+    RunningRouter,
+    StubVLLM,
+    as_client_sent,
+    wait_until,
+)
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
 MakeStub = Callable[[str], Awaitable[StubVLLM]]
@@ -87,8 +94,11 @@ async def test_chat_decode_gets_prefill_kv_transfer_params_when_tokens_match(
 
     [sent] = decode.requests
     assert sent.body["kv_transfer_params"] == STUB_NIXL_RESPONSE_PARAMS
-    # Apart from the hand-off, decode runs the client's request as sent.
-    assert {k: v for k, v in sent.body.items() if k != "kv_transfer_params"} == body
+    # Apart from the hand-off, decode runs the client's request as sent, asked for the
+    # answer's token ids too: what a migration after a decode failure needs.
+    assert sent.body["return_token_ids"] is True
+    assert {k: v for k, v in sent.body.items()
+            if k not in ("kv_transfer_params", "return_token_ids")} == body
     assert await running.metric(FALLBACK, {"reason": "token_mismatch"}) == 0
 
 
@@ -170,9 +180,12 @@ async def test_streamed_chunks_reach_the_client_before_the_stream_ends(
     assert await response.read() == b"".join(chunks[1:])
 
 
-async def test_decode_dying_mid_stream_ends_with_an_sse_error_event(
+async def test_decode_dying_mid_stream_with_nowhere_to_go_on_ends_with_an_sse_error_event(
         start_router: StartRouter, make_stub: MakeStub) -> None:
-    running, _prefill, decode = await pd_router(start_router, make_stub, "nixl")
+    # No other decode, and degraded mode off: no worker may continue the stream (with one,
+    # it goes on, see test_router_migration.py).
+    running, _prefill, decode = await pd_router(start_router, make_stub, "nixl",
+                                                degraded_mode=False)
     decode.die_after_chunks = 3
     started = time.monotonic()
     response = await running.client.post(CHAT, json=request_body(CHAT, stream=True))
@@ -189,6 +202,7 @@ async def test_decode_dying_mid_stream_ends_with_an_sse_error_event(
     assert error["code"] == "decode_failed"
     assert "decode" in error["message"]
     assert decode.url in error["message"]
+    assert "no other ready worker" in error["message"]
     labels = {"role": "decode", "kind": "ClientPayloadError"}
     assert await running.metric("pdserve_router_backend_errors_total", labels) == 1
 
@@ -330,9 +344,10 @@ async def test_colocated_mode_forwards_straight_to_the_colocated_pool(
         assert raw == b"".join(worker.sse_chunks("completions"))
     else:
         assert json.loads(raw)["choices"][0]["text"] == "full"
-    # One hop, with the client's body untouched: no one-token run, no hand-off fields.
+    # One hop, with the client's body untouched: no one-token run, no hand-off fields (a
+    # stream asks for the answer's token ids, see as_client_sent).
     [sent] = worker.requests
-    assert sent.body == body
+    assert as_client_sent(sent.body) == body
     assert sent.headers["X-Request-Id"] == "req-colo"
     health = await running.client.get("/health")
     assert health.status == 200

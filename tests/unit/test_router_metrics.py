@@ -52,6 +52,8 @@ EXPECTED = [
     ("ttft_seconds", Histogram, "pdserve_router_ttft_seconds", ("revision",)),
     ("itl_seconds", Histogram, "pdserve_router_itl_seconds", ("revision",)),
     ("tpot_seconds", Histogram, "pdserve_router_tpot_seconds", ("revision",)),
+    ("migrations", Counter, "pdserve_router_migrations", ("reason", "role", "revision")),
+    ("migrations_refused", Counter, "pdserve_router_migrations_refused", ("reason", "revision")),
 ]
 PROMETHEUS_TYPES = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}
 

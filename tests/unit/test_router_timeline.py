@@ -52,7 +52,9 @@ async def test_a_decode_dying_mid_stream_counts_a_failed_hand_off(
     caplog.set_level(logging.INFO, logger="pdserve.router.timeline")
     prefill, decode = await make_stub("prefill"), await make_stub("decode")
     decode.die_after_chunks = 2
-    running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl")
+    # Degraded mode off: no worker may continue the stream.
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl",
+                                 degraded_mode=False)
     response = await running.client.post(
         "/v1/completions",
         json={"model": MODEL, "prompt": "hello world", "max_tokens": 4, "stream": True})
