@@ -36,6 +36,9 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 # parallel_args, so extra arguments may not set them a second time.
 PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
                   "--distributed-executor-backend")
+# How a compiled CPU worker reuses compiled work (set by build_command; bench/worker_start.py
+# drops them to measure vLLM's own defaults).
+COMPILE_CACHE_ENV = ("VLLM_USE_AOT_COMPILE",)
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,18 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_gib)
         if spec.cpu_cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in spec.cpu_cores)
+        if not spec.enforce_eager:
+            # vLLM's AOT compile cache (on by default with torch >= 2.10) never loads on the
+            # CPU: the CPU platform compiles with the plain "inductor" backend, whose saved
+            # function comes back as a bare function, and vLLM 0.32 then calls
+            # finalize_loading() on it ("Compiling model again due to a load failure ...
+            # 'function' object has no attribute 'finalize_loading'"). Its cache is also keyed
+            # on --max-num-seqs and --max-num-batched-tokens and moves inductor's cache into
+            # that key's directory, so a rollout changing either compiled from scratch. Off,
+            # torch.compile runs as before and inductor's own FX graph and AOTAutograd caches
+            # (keyed on the traced graph, under TORCHINDUCTOR_CACHE_DIR) serve every worker of
+            # the node: a restart or a green start traces the model and loads its kernels.
+            env["VLLM_USE_AOT_COMPILE"] = "0"
     if spec.cache_dir:
         cache = Path(spec.cache_dir)
         env.update(

@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from inference.kv_channels import SharedStorageChannel, make_channel, uses_transfer_params
-from inference.launch import VLLM_SERVER_MODULE, LaunchError, WorkerSpec, build_command
+from inference.launch import (
+    COMPILE_CACHE_ENV,
+    VLLM_SERVER_MODULE,
+    LaunchError,
+    WorkerSpec,
+    build_command,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = "/models/tiny-instruct"
@@ -168,6 +174,30 @@ def test_workers_never_reach_a_model_hub() -> None:
 def test_enforce_eager_is_vllms_flag_and_off_by_default() -> None:
     assert "--enforce-eager" not in build_command(spec())[0]
     assert "--enforce-eager" in build_command(spec(enforce_eager=True))[0]
+
+
+def test_workers_of_a_node_share_one_compile_cache_whatever_their_port_role_or_flags() -> None:
+    """A restart, the other role and a rollout's green worker (other ports, other
+    --max-num-seqs) find what an earlier start compiled: nothing per process in the paths."""
+    names = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", *COMPILE_CACHE_ENV)
+    variants = [spec(cache_dir="/var/cache/pdserve"),
+                spec(cache_dir="/var/cache/pdserve", role="decode", port=8200,
+                     side_channel_port=5601, cpu_cores=(1,)),
+                spec(cache_dir="/var/cache/pdserve", port=8300, side_channel_port=5602,
+                     extra_args=("--max-num-seqs", "64"))]
+    envs = [{name: build_command(s)[1][name] for name in names} for s in variants]
+    assert envs == [envs[0]] * 3
+    assert envs[0] == {"VLLM_CACHE_ROOT": "/var/cache/pdserve/vllm",
+                       "TORCHINDUCTOR_CACHE_DIR": "/var/cache/pdserve/inductor",
+                       "XDG_CACHE_HOME": "/var/cache/pdserve", "VLLM_USE_AOT_COMPILE": "0"}
+
+
+def test_vllms_aot_compile_is_off_for_compiled_cpu_workers_only() -> None:
+    # On the CPU its cache never loads (inference/launch.py); on CUDA it loads and stays on;
+    # an eager worker compiles nothing.
+    assert build_command(spec())[1]["VLLM_USE_AOT_COMPILE"] == "0"
+    assert "VLLM_USE_AOT_COMPILE" not in build_command(spec(enforce_eager=True))[1]
+    assert "VLLM_USE_AOT_COMPILE" not in build_command(spec(gpu_indices=(0,)))[1]
 
 
 def test_extra_args_come_last_so_they_can_override() -> None:
