@@ -81,9 +81,11 @@ StartHeld = Callable[..., Awaitable[Started]]
 async def held_router(tokenizer_dir: Path, tmp_path: Path) -> AsyncIterator[StartHeld]:
     clients: list[TestClient] = []
     checkers: list[HeldChecker] = []
+    workers: list[StubVLLM] = []
 
     async def start(worker: StubVLLM, key: str | None = None, limits: dict[str, int] | None = None,
                     **settings: Any) -> Started:
+        workers.append(worker)
         if key is not None:
             path = tmp_path / f"keys-{len(clients)}.json"
             path.write_text(json.dumps({"version": "1", "require_key": True, "keys": [
@@ -106,6 +108,9 @@ async def held_router(tokenizer_dir: Path, tmp_path: Path) -> AsyncIterator[Star
     yield start
     for checker in checkers:
         checker.hold.set()  # never leave a thread waiting
+    for worker in workers:
+        if worker.stream_gate is not None:
+            worker.stream_gate.set()  # nor a stream, should the test have failed while one was held
     for client in clients:
         await client.close()
 
