@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from inference.health_rule import ProbeRule
 from inference.router.policies import Choice, LeastOutstanding, Policy
 from inference.worker_auth import bearer
 
@@ -33,7 +34,8 @@ class Backend:
     healthy: bool = False
     in_flight: int = 0
     last_error: str = ""
-    slow_probes: int = 0
+    # Its probes' recent latencies and slow probes in a row (inference/health_rule.py).
+    probes: ProbeRule = field(default_factory=ProbeRule, repr=False)
     last_change: float = field(default_factory=time.monotonic)
     # Removed from its pool; finishing the requests it already has.
     draining: bool = False
@@ -59,6 +61,10 @@ class Backend:
                 log.warning("%s %s out of rotation: %s", self.role, self.url, error or "not ready")
         self.healthy = healthy
         self.last_error = error
+
+    @property
+    def slow_probes(self) -> int:
+        return self.probes.slow
 
     def call_failed(self, threshold: int, cooldown_s: float) -> bool:
         """Count a failed call; at ``threshold`` in a row the breaker opens: the backend is out
@@ -221,15 +227,17 @@ async def close_sessions(pools: Iterable[Pool]) -> None:
 
 
 # A busy worker (say, a long prefill on a saturated core) can miss a probe's deadline while it
-# is perfectly able to serve; only this many slow probes in a row take it out. A refused
-# connection or an error status is no such doubt and takes it out at once. Two, with probes at a
-# fixed rate (see probe_forever): a frozen worker (SIGSTOP, a hung host) is out within 3 probe
-# intervals, under 3 s at the default 1 s; three took 5-7 s, measured in the fault matrix.
-SLOW_PROBES_TO_FAIL = 2
-# A probe's deadline, as a share of the interval: a timed-out round still leaves time before the
-# next one starts, so the rounds keep their rate. A frozen worker is out 1.6-2.6 s after it froze
-# at the default interval (3.1 s was measured with 0.8 on a machine at load 13).
+# is perfectly able to serve; only slow probes in a row take it out: two, or three for a worker
+# whose recent probes were slow (measured load, see inference/health_rule.py). A refused
+# connection or an error status is no such doubt and takes it out at once. With probes at a
+# fixed rate (see probe_forever) an idle frozen worker (SIGSTOP, a hung host) is out within 3
+# probe intervals, under 3 s at the default 1 s.
+# A probe's base deadline, as a share of the interval: a timed-out probe still leaves time before
+# the next one starts. A frozen worker is out 1.6-2.6 s after it froze at the default interval
+# (3.1 s was measured with 0.8 on a machine at load 13). A worker whose recent answers were slow
+# gets up to PROBE_TIMEOUT_CAP times that.
 PROBE_TIMEOUT_SHARE = 0.6
+PROBE_TIMEOUT_CAP = 3.0
 
 
 # A probe whose timeout fired this much later than its deadline says nothing about the worker:
@@ -241,42 +249,59 @@ PROBE_LATE_S = 0.25
 
 
 async def probe(backend: Backend, timeout_s: float) -> None:
+    """One /health probe of ``backend``; ``timeout_s`` is the base deadline, which a worker
+    measured busy gets more of (ProbeRule)."""
     if backend.draining or time.monotonic() < backend.open_until:
         # A removed backend's health no longer matters (its session may be closed by now); an
         # open breaker keeps its backend out until the cool-down ends, then the probe decides
         # (half-open: one more failed call opens it again).
         return
+    rule = backend.probes
+    deadline_s = rule.timeout_s(timeout_s, PROBE_TIMEOUT_CAP * timeout_s)
     started = time.monotonic()
     try:
         async with backend.client().get(
-            "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            "/health", timeout=aiohttp.ClientTimeout(total=deadline_s)
         ) as response:
             ok = response.status == 200
-            backend.slow_probes = 0
+            rule.answered(time.monotonic() - started)
             backend.mark(ok, "" if ok else f"/health {response.status}")
     except TimeoutError:
-        late_s = time.monotonic() - started - timeout_s
+        late_s = time.monotonic() - started - deadline_s
         if late_s > PROBE_LATE_S:
             log.info("%s %s: /health probe inconclusive, the router itself was %.1f s late",
                      backend.role, backend.url, late_s)
             return
-        backend.slow_probes += 1
-        if backend.slow_probes >= SLOW_PROBES_TO_FAIL or not backend.healthy:
-            backend.mark(False, f"/health timed out {backend.slow_probes} times in a row")
+        if rule.timed_out(timeout_s) or not backend.healthy:
+            backend.mark(False, f"/health timed out {rule.slow} times in a row "
+                                f"(last deadline {deadline_s:.1f} s)")
     except aiohttp.ClientError as exc:
-        backend.slow_probes = 0
+        # Refused or reset: the process is not there (or not serving); out at once.
+        rule.refused()
         backend.mark(False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
 async def probe_forever(pools: Callable[[], Iterable[Pool]], interval_s: float) -> None:
+    """Probe every backend once per ``interval_s``, each on its own: a slow probe of one worker
+    (whose deadline may exceed the interval when it is busy) delays no other's, so a worker
+    that dies is still seen at its next probe, within the interval."""
     timeout_s = max(interval_s * PROBE_TIMEOUT_SHARE, 0.5)
-    while True:
-        started = time.monotonic()
-        # The pools and their members are read afresh each round: the admin API changes both
-        # at run time (groups and backends).
-        await asyncio.gather(
-            *(probe(b, timeout_s=timeout_s) for pool in pools() for b in pool.backends)
-        )
-        # Rounds start every interval, however long one took: a round that waited out a hung
-        # worker's deadline must not delay the next look at it.
-        await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+    running: dict[Backend, asyncio.Task[None]] = {}
+    try:
+        while True:
+            started = time.monotonic()
+            # The pools and their members are read afresh each round: the admin API changes
+            # both at run time (groups and backends).
+            members = [b for pool in pools() for b in pool.backends]
+            for backend in members:
+                task = running.get(backend)
+                if task is None or task.done():
+                    running[backend] = asyncio.create_task(probe(backend, timeout_s=timeout_s))
+            for backend in [b for b, t in running.items() if t.done() and b not in members]:
+                del running[backend]
+            # Rounds start every interval, however long a probe takes: a probe waiting out a
+            # hung worker's deadline must not delay the next look at the others.
+            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+    finally:
+        for task in running.values():
+            task.cancel()

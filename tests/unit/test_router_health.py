@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -12,13 +13,14 @@ import pytest_asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from inference.health_rule import SLOW_PROBES_TO_FAIL, SLOW_PROBES_TO_FAIL_BUSY
 from inference.router.backends import (
     PROBE_LATE_S,
-    SLOW_PROBES_TO_FAIL,
     Backend,
     Pool,
     open_sessions,
     probe,
+    probe_forever,
 )
 
 
@@ -61,6 +63,64 @@ async def test_a_busy_worker_survives_a_few_slow_probes(
     health.delay_s = 0.0
     await probe(member, timeout_s=0.2)
     assert member.healthy and member.slow_probes == 0
+
+
+async def test_a_worker_measured_busy_stays_in_rotation_through_a_slow_probe(
+        backend: tuple[Backend, SlowHealth]) -> None:
+    """Issue 25: under load (load average 24-30) one probe of a healthy decode timed out and it
+    left rotation. Its recent answers were slow: its probes now wait longer (3x the slowest
+    recent answer, up to 3x the base), and it needs a third slow probe to be out."""
+    member, health = backend
+    health.delay_s = 0.1  # loaded: answers take 0.1 s against a 0.2 s base deadline
+    for _ in range(3):
+        await probe(member, timeout_s=0.2)
+    assert member.healthy
+    # An answer slower than the base deadline but within the adapted one: no timeout at all.
+    health.delay_s = 0.22
+    await probe(member, timeout_s=0.2)
+    assert member.healthy and member.slow_probes == 0
+    # Slower than even the adapted deadline: out only at the third slow probe in a row.
+    health.delay_s = 2.0
+    for _ in range(SLOW_PROBES_TO_FAIL_BUSY - 1):
+        await probe(member, timeout_s=0.2)
+        assert member.healthy
+    await probe(member, timeout_s=0.2)
+    assert not member.healthy and "timed out 3 times" in member.last_error
+
+
+async def test_a_killed_worker_is_out_within_a_second_even_beside_a_hung_one(
+        backend: tuple[Backend, SlowHealth]) -> None:
+    """Each worker is probed on its own: a hung worker's long deadline holds up no other's
+    probe, and a killed one (connection refused) is out at its next probe."""
+    member, health = backend
+    health.delay_s = 0.4  # busy: its deadline grows past the interval (3 x 0.4 s)
+    app = web.Application()
+    app.router.add_get("/health", SlowHealth().health)
+    other_server = TestServer(app)
+    await other_server.start_server()
+    other = Pool("prefill", (str(other_server.make_url("")).rstrip("/"),))
+    await open_sessions([other], connect_timeout_s=1.0)
+    [victim] = other.backends
+    pools = [_single(member), other]
+    task = asyncio.create_task(probe_forever(lambda: pools, interval_s=0.5))
+    try:
+        deadline = time.monotonic() + 3
+        while not (member.healthy and victim.healthy) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert member.healthy and victim.healthy
+        health.delay_s = 30.0  # member hangs
+        await asyncio.sleep(0.3)
+        await other_server.close()  # victim is killed: its port refuses connections
+        killed = time.monotonic()
+        while victim.healthy and time.monotonic() - killed < 2:
+            await asyncio.sleep(0.01)
+        assert not victim.healthy
+        assert time.monotonic() - killed < 1.0
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await victim.client().close()
 
 
 async def test_a_probe_the_router_itself_was_late_for_does_not_count(
