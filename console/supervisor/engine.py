@@ -35,6 +35,7 @@ from console.supervisor.log_follow import LogFollow, follow_log
 from console.supervisor.models import ManagedProcess
 from console.supervisor.worker_keys import process_key
 from inference.child_env import child_environment
+from inference.health_rule import ProbeRule
 from inference.process_groups import is_same_process, kill_group
 from inference.worker_auth import WORKER_KEY_ENV
 
@@ -61,6 +62,7 @@ class ProcessEngine:
     start_stall_s: float = field(default_factory=lambda: float(settings.PDSERVE_START_STALL_S))
     children: dict[int, Child] = field(default_factory=dict)
     backoff: dict[tuple[int | None, str], Backoff] = field(default_factory=dict)
+    probe_rules: dict[int, ProbeRule] = field(default_factory=dict)
     captured: queue.SimpleQueue[CapturedLine] = field(default_factory=queue.SimpleQueue)
     last_owner_check: float = 0.0
     # The node whose processes this engine owns: a node agent's; None for the console's own
@@ -129,6 +131,7 @@ class ProcessEngine:
             child.follow.finish()
             child.capture.join(timeout=5)
             del self.children[record_id]
+            self.probe_rules.pop(record_id, None)
             if child.kind not in ManagedProcess.PLANNED_KINDS:
                 self._requested_exited(child, code)
                 continue
@@ -234,7 +237,10 @@ class ProcessEngine:
             if record is None:
                 continue  # its row was deleted in the admin; reap() forgets it once it exits
             # A process without a port (a builder) is ready once it runs.
-            healthy, degraded = (True, "") if record.port is None else probe_health(self.http, record.url)
+            # A ready child's slow probe is judged against its recent latencies (health_probe.py).
+            rule = self.probe_rules.setdefault(child.record_id, ProbeRule())
+            healthy, degraded = (True, "") if record.port is None else probe_health(
+                self.http, record.url, rule, ready=record.state == State.READY)
             child.next_probe = now + (1.0 if record.state == State.STARTING else 2.0)
             if degraded != record.degraded:
                 ManagedProcess.objects.filter(pk=record.pk).update(
