@@ -5,12 +5,15 @@ edge (its /metrics text, its admin API), everything else is real."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
@@ -18,6 +21,7 @@ from django.utils import timezone
 
 from console.accounts.models import Membership, Role, Team
 from console.alerts.models import AlertRule
+from console.asgi import application
 from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import green_specs
 from console.deployments.models import Deployment
@@ -463,3 +467,45 @@ def test_a_switch_to_colocated_and_back_remakes_the_rules_keeping_edited_thresho
     assert rules.get(key="decode_queue").name == "Decode queue"
     assert pd_only.filter(enabled=True).count() == 5
     assert rules.get(key="handoff_failures").threshold == 0.2
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_green_progress_reaches_the_rollout_page_live(tmp_path: Path) -> None:
+    """A phase change is no transition: the hub sends the rollout when its progress changed."""
+    from tests.console.test_rollout_pages import (
+        ORIGIN,
+        _receive_rollout,
+        _session,
+        _world,
+    )
+
+    world = await sync_to_async(_world)(tmp_path)
+    rollout = await sync_to_async(services.start)(world["plan"], world["draft"], "canary",
+                                                  world["operator"])
+    cookie = await sync_to_async(_session)(world["viewer"])
+    communicator = WebsocketCommunicator(
+        application, f"/ws/deployments/{world['plan'].pk}/live/", headers=[ORIGIN, cookie])
+    connected, code = await communicator.connect(timeout=5)
+    assert connected, code
+    try:
+        async def keep_progressing() -> None:
+            # The hub starts from "now" once it has read what it has seen: change until sent.
+            for attempt in range(60):
+                phase = {"phase": "compiling", "progress_at": timezone.now().isoformat(),
+                         "attempt": attempt}
+                await sync_to_async(Rollout.objects.filter(pk=rollout.pk).update)(
+                    progress={"workers": {"prefill-0@r2": phase}})
+                await asyncio.sleep(0.3)
+
+        writer = asyncio.create_task(keep_progressing())
+        try:
+            message = await _receive_rollout(communicator, timeout=15.0)
+        finally:
+            writer.cancel()
+        assert message is not None
+        workers = message["rollout"]["progress"]["workers"]
+        assert workers["prefill-0@r2"]["phase"] == "compiling"
+        assert message["rollout"]["start_timeout_s"] == rollout.start_timeout_s
+        assert message["transitions"] == []
+    finally:
+        await communicator.disconnect()
