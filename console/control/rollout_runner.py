@@ -353,7 +353,8 @@ class RolloutRunner(RouterGroups, InPlace):
             return None
         judgement = analysis.judge(opened.scrape, scrape, rollout.blue.label,
                                    rollout.green.label, rollout.analysis,
-                                   baseline=self._baseline(rollout))
+                                   baseline=self._baseline(rollout),
+                                   blue_serves=rollout.weights.get(rollout.blue.label, 0) > 0)
         bound = rollout.analysis.get("max_inconclusive_s", DEFAULT_MAX_INCONCLUSIVE_S)
         if judgement.verdict == analysis.INCONCLUSIVE and now - opened.opened < bound:
             opened.checked = now

@@ -30,6 +30,8 @@ _WANTED = (REQUESTS, HANDOFF_FAILURES, HANDOFFS,
            *(f"{name}_bucket" for name in LATENCIES.values()))
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+# A metric's row only: a limit that cannot apply in this window (see judge's blue_serves).
+SKIPPED = "skipped"
 
 
 @dataclass
@@ -129,21 +131,32 @@ class Judgement:
 
 
 def judge(before: Scrape, after: Scrape, blue: str, green: str, config: dict[str, Any],
-          baseline: dict[str, float | None] | None = None) -> Judgement:
+          baseline: dict[str, float | None] | None = None,
+          blue_serves: bool = True) -> Judgement:
     """The window's verdict. ``baseline``: blue's measures from an earlier window, for a step
-    where blue takes no traffic (green at 100%)."""
+    where blue takes no traffic (green at 100%). ``blue_serves``: False when blue takes no
+    traffic and no baseline exists (blue-green's one step): the limits relative to blue are
+    then skipped (a row of their own), never an inconclusive window forever."""
     green_values = window(before, after, green)
     blue_values = window(before, after, blue)
     minimum = config["min_requests"]
     requests = {blue: blue_values["requests"] or 0.0, green: green_values["requests"] or 0.0}
     if baseline is not None and requests[blue] < minimum:
         blue_values, requests[blue] = baseline, float(baseline.get("requests") or 0.0)
+    compare = blue_serves or baseline is not None
     results: dict[str, dict[str, Any]] = {}
     for name, limits in config["metrics"].items():
+        if not compare:
+            limits = {k: v for k, v in limits.items() if k != "max_ratio"}
+            if not limits:
+                results[name] = {"green": green_values.get(name), "blue": None,
+                                 "verdict": SKIPPED, "why": "relative to blue, who takes no "
+                                 "traffic and had no window with enough requests"}
+                continue
         results[name] = _judge_metric(name, limits, green_values.get(name), blue_values.get(name),
                                       green_ok=requests[green] >= minimum,
                                       blue_ok=requests[blue] >= minimum)
-    verdicts = {r["verdict"] for r in results.values()}
+    verdicts = {r["verdict"] for r in results.values()} - {SKIPPED}
     verdict = FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
     return Judgement(verdict, results, requests)
 

@@ -410,6 +410,28 @@ def test_blue_greens_analysis_waits_for_a_decision_and_pauses_past_the_bound(
     assert rollout.reason.startswith("inconclusive: not enough traffic")
 
 
+def test_blue_green_under_traffic_decides_without_blue_and_drains(plan: Deployment,
+                                                                   draft: Revision) -> None:
+    """Blue takes nothing at blue-green's one step and has no earlier window: the limits
+    relative to it are skipped (not inconclusive forever); the error rates decide."""
+    rollout = services.start(plan, draft, "blue_green", None, scale_down_delay_s=0)
+    for spec in green_specs(plan, rollout):
+        ManagedProcess.objects.create(deployment=plan, slot=spec.slot, role=spec.role,
+                                      port=spec.port, state=READY, log_path="/dev/null")
+    router = FakeRouter()
+    router.tick(0)
+    router.tick(0)
+    router.tick(10)  # warm; the window opens
+    router.tick(10, r2=25)
+    [run] = AnalysisRun.objects.filter(rollout=rollout)
+    assert run.verdict == analysis.PASS
+    assert run.metrics["ttft_p95"]["verdict"] == analysis.SKIPPED
+    assert run.metrics["error_rate"]["verdict"] == analysis.PASS
+    router.tick(1)
+    rollout.refresh_from_db()
+    assert rollout.state in (State.DRAINING, State.SUCCEEDED), rollout.reason
+
+
 @pytest.mark.parametrize(("analysis_body", "field"), [
     ({"max_inconclusive_s": 0}, "analysis.max_inconclusive_s"),
     ({"interval_s": 30, "max_inconclusive_s": 20}, "analysis.max_inconclusive_s"),
