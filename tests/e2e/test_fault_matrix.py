@@ -325,8 +325,9 @@ def test_sigkill_prefill(borrowed: Handle, tmp_path: Path) -> None:
 
 
 def test_sigkill_decode(borrowed: Handle, tmp_path: Path) -> None:
-    """A stream in flight on decode ends with an SSE error event; prefill serves whole
-    requests meanwhile."""
+    """No request fails (issue 25, request migration): a stream in flight on decode goes on on
+    prefill from its last token, a request dispatched to the dying decode runs again
+    elsewhere; prefill serves whole requests meanwhile."""
     decode = borrowed.processes()["decode-0"]
     url = worker_url(borrowed, "decode-0")
     with router_of_its_own(borrowed, tmp_path) as router, Load(router) as load:
@@ -346,6 +347,7 @@ def test_sigkill_decode(borrowed: Handle, tmp_path: Path) -> None:
         detection = time.monotonic() - killed
         load.wait_for(8)
         degraded = metric(router, "pdserve_router_degraded_total", {"missing_role": "decode"})
+        migrated = metric(router, "pdserve_router_migrations_total", {"role": "decode"})
         load.restarting()
         _wait(ready_again(borrowed, "decode-0", decode["pid"]), "decode-0 restarted",
               BACK_TIMEOUT_S, interval_s=0.5)
@@ -353,21 +355,15 @@ def test_sigkill_decode(borrowed: Handle, tmp_path: Path) -> None:
         recovery = time.monotonic() - killed
         load.restarted()
         load.wait_for(8)
-    last = json.loads(events(lines)[-1])
-    assert last["error"]["code"] == "decode_failed", lines[-3:]
-    assert "[DONE]" not in events(lines)
+    assert events(lines)[-1] == "[DONE]", lines[-3:]
+    assert not any('"error"' in e for e in events(lines)), lines[-3:]
     results = load.snapshot()
-    # A stream that had started ends with an error event; one whose decode call failed before
-    # its first byte gets an HTTP error with an OpenAI error body. Never a silent cut.
-    cut = [r for r in failed(results) if not r.outcome.startswith(("error event", "http 5"))
-           or r.outcome.startswith("http 5") and '"error"' not in r.outcome]
-    assert not cut, f"requests cut without an error: {cut}"
-    late = [r for r in failed(results) if r.started >= killed + detection]
-    assert not late, f"requests started once decode was out of rotation failed: {late}"
+    assert not failed(results), f"requests failed through the decode kill: {failed(results)}"
+    assert migrated >= 1, "the stream in flight was not migrated"
     assert degraded > 0, "no request was run whole on prefill while decode was down"
     ROWS.append(Row("SIGKILL decode (1P1D)", detection, recovery, len(failed(results)),
-                    len(results), f"stream cut by an SSE error event; {degraded:g} run whole "
-                                  f"on prefill meanwhile"))
+                    len(results), f"the stream in flight went on on prefill ({migrated:g} "
+                                  f"migrated); {degraded:g} run whole on prefill meanwhile"))
 
 
 def test_sigstop_a_worker_for_30_s(borrowed: Handle) -> None:
