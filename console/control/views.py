@@ -17,6 +17,7 @@ from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
 from console.fleet.models import Node
 from console.fleet.services import local_node
+from console.live.start_phase import current_phases
 from console.quality.views import advice_context, gate_context
 
 
@@ -38,12 +39,13 @@ def _get(request: HttpRequest, name: str, role: Role = Role.VIEWER) -> Deploymen
 
 def _context(request: HttpRequest, deployment: Deployment) -> dict[str, object]:
     processes = list(deployment.processes.all())
+    phases = current_phases(processes)
     held = role_in(request.user, deployment.team_id)
     return {
         "deployment": deployment,
         "state": overall_state(deployment, processes),
         "degraded": degraded_role(processes),
-        "processes": [(p, p.tail(5)) for p in processes],
+        "processes": [(p, p.tail(5), phases.get(p.pk)) for p in processes],
         # What the page offers: buttons for what the role may do, nothing else.
         "can_operate": held is not None and held.rank >= Role.OPERATOR.rank,
         "can_edit": held is not None and held.rank >= Role.ADMIN.rank,

@@ -13,7 +13,6 @@ goes on from where the last one read.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
@@ -21,24 +20,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from console.live.models import LogLine
+from console.live.start_phase import PHASES, READY, STARTING, phase_of
 from console.supervisor.models import ManagedProcess
 
-STARTING, LOADING, COMPILING, WARMING, READY = (
-    "starting", "loading weights", "compiling", "warming up", "ready")
-PHASES = (STARTING, LOADING, COMPILING, WARMING, READY)
-# vLLM 0.32's lines that open each phase (CPU and CUDA), first match wins; the supervisor's own
-# header opens a (re)start.
-MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"^=== pdserve \S+ starting "), STARTING),
-    (re.compile(r"Starting to load model|Loading (safetensors|pt) checkpoint shards|"
-                r"Loading weights took|Model loading took"), LOADING),
-    (re.compile(r"Warming up model for the compilation|Compiling (model|a graph)|"
-                r"torch\.compile|Dynamo bytecode transform|AOT compiled function|"
-                r"compile range|Directly load the compiled graph"), COMPILING),
-    (re.compile(r"Warming up done|Initial profiling/warmup run|KV cache size|"
-                r"Capturing CUDA graphs|Graph capturing finished|init engine \(profile|"
-                r"Starting vLLM server|Application startup complete"), WARMING),
-)
 # Restarts of one green worker while the rollout waits on it: past this, it is rolled back
 # (a worker that crashes or is killed by the stall watchdog writes a new header each time,
 # which would otherwise count as progress forever).
@@ -52,14 +36,6 @@ DEADLINE_FACTOR = 3
 DEADLINE_FLOOR_S = 300
 DEADLINE_CAP_S = 3600
 DEADLINE_NO_HISTORY_S = 600
-
-
-def phase_of(text: str) -> str | None:
-    """The phase a log line opens, or None."""
-    for pattern, phase in MARKERS:
-        if pattern.search(text):
-            return phase
-    return None
 
 
 def slowest_start_s(deployment_id: int) -> float | None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from console.deployments.models import Deployment
+from console.live.models import LogLine
 from console.supervisor.models import ManagedProcess
 from tests.console.passwords import OWNER_PASSWORD
 from tests.console.tiny_models import make_startable
@@ -130,6 +133,41 @@ def test_processes_partial_is_just_the_table(browser: Client, running_with_logs:
     # No page chrome: the page's script swaps this fragment into the existing page.
     for chrome in ("<html", "<head", "<h1>", 'id="start"', "Log out"):
         assert chrome not in html
+
+
+def test_a_starting_workers_phase_follows_its_log_lines(
+        browser: Client, deployment: Deployment, tmp_path: Path) -> None:
+    """The phase vLLM's newest line opens since the start header, on the page the script
+    refreshes; a ready worker and the router show none."""
+    Deployment.objects.filter(pk=deployment.pk).update(desired_state=Deployment.DesiredState.RUNNING)
+    started = timezone.now() - timedelta(seconds=95)
+    decode = ManagedProcess.objects.create(
+        deployment=deployment, slot="decode-0", role="decode", port=8200, pid=43210,
+        state=State.STARTING, started_at=started, log_path=str(tmp_path / "d.log"))
+    ManagedProcess.objects.create(deployment=deployment, slot="router", role="router",
+                                  kind=ManagedProcess.Kind.ROUTER, port=8080, pid=43212,
+                                  state=State.STARTING, log_path=str(tmp_path / "r.log"))
+    lines = ["=== pdserve 2026-12-04T05:00:00+00:00 starting decode-0: python -m vllm",
+             "INFO [gpu_model_runner.py] Starting to load model /models/smollm2...",
+             "INFO [weight_utils.py] some line that opens no phase"]
+
+    def table() -> str:
+        return browser.get(f"{detail_path(deployment)}processes/").content.decode()
+
+    def log(text: str) -> None:
+        seq = LogLine.objects.filter(process=decode).count() + 1
+        LogLine.objects.create(process=decode, seq=seq, created=timezone.now(), text=text)
+
+    log(lines[0])
+    assert '<span class="phase">starting, 1' in _row(table(), "decode-0")
+    for text in lines[1:]:
+        log(text)
+    assert '<span class="phase">loading weights, 1' in _row(table(), "decode-0")
+    log("INFO [backends.py] Compiling a graph for compile range (1, 2048)")
+    assert "compiling" in _row(table(), "decode-0")
+    assert 'class="phase"' not in _row(table(), "router")
+    ManagedProcess.objects.filter(pk=decode.pk).update(state=State.READY)
+    assert 'class="phase"' not in _row(table(), "decode-0")
 
 
 def test_detail_page_without_processes_says_so(browser: Client, deployment: Deployment) -> None:

@@ -25,6 +25,7 @@ from console.asgi import application
 from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import green_specs
 from console.deployments.models import Deployment
+from console.live import start_phase
 from console.live.models import LogLine
 from console.rollouts import analysis, progress, revisions, services
 from console.rollouts.models import AnalysisRun, Revision, Rollout
@@ -102,7 +103,7 @@ def test_vllm_log_lines_name_the_phase_of_a_start() -> None:
             "warming up",
         "(APIServer pid=3) INFO [model.py:733] Resolved architecture: LlamaForCausalLM": None,
     }
-    assert {text: progress.phase_of(text) for text in lines} == lines
+    assert {text: start_phase.phase_of(text) for text in lines} == lines
 
 
 def test_a_green_worker_that_still_progresses_is_not_timed_out(plan: Deployment,

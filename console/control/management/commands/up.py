@@ -24,6 +24,7 @@ from console.audit.actors import acting_as
 from console.control import lifecycle
 from console.deployments.defaults import DEFAULT_DEPLOYMENT
 from console.deployments.models import Deployment
+from console.live.start_phase import current_phases
 from console.supervisor.models import ManagedProcess
 
 # A child that keeps dying soon after its start waits longer each time (1, 2, 4 ... 30 s), so a
@@ -140,13 +141,17 @@ class Command(BaseCommand):
             raise CommandError(f"{deployment.name}: {refused}") from refused
 
     def _report_progress(self, deployment: Deployment, seen: dict[str, str], elapsed: float) -> None:
-        """Print each process's state when it changes, so a long start shows where it is."""
-        for process in ManagedProcess.objects.filter(deployment=deployment):
-            if seen.get(process.slot) != process.state:
-                seen[process.slot] = process.state
+        """Print each process's state, and a starting worker's phase (loading weights,
+        compiling, ...), when it changes, so a long start shows where it is."""
+        processes = list(ManagedProcess.objects.filter(deployment=deployment))
+        phases = current_phases(processes)
+        for process in processes:
+            phase = phases.get(process.pk)
+            state = f"{process.state} ({phase})" if phase else process.state
+            if seen.get(process.slot) != state:
+                seen[process.slot] = state
                 detail = f" ({process.last_error})" if process.last_error else ""
-                self.stdout.write(f"pdserve: [{elapsed:5.0f} s] {process.slot}: {process.state}"
-                                  f"{detail}")
+                self.stdout.write(f"pdserve: [{elapsed:5.0f} s] {process.slot}: {state}{detail}")
                 self.stdout.flush()
 
     def _announce(self, deployment: Deployment, host: str, port: int, elapsed: float) -> None:
