@@ -225,12 +225,13 @@ class Forwarder:
         tried (ENDED, CLIENT_GONE, FAILED or the next worker's failure), and where."""
         stream, timeline = pump.stream, pump.timeline
         why_not = None if not ran_out_of_time(exc) else "request_timeout"
+        if stream.done:
+            return _Pump.ENDED, role, failed  # [DONE] was passed on: nothing was lost
         why_not = why_not or stream.why_not_now()
-        if why_not is None and (stream.done or stream.finished):
+        if why_not is None and stream.finished:
             # Every token was passed on; only the ending was lost.
-            if not stream.done:
-                wants = bool((pump.parsed.body.get("stream_options") or {}).get("include_usage"))
-                await pump.write(stream.tail(wants))
+            wants = bool((pump.parsed.body.get("stream_options") or {}).get("include_usage"))
+            await pump.write(stream.tail(wants))
             self._migrated(timeline, "after_last_token", failed, role, failed,
                            len(stream.sent_ids))
             return _Pump.ENDED, role, failed

@@ -224,3 +224,22 @@ async def test_a_worker_without_token_ids_cannot_be_continued(
     error = json.loads(events(raw)[-1])["error"]
     assert "did not return the answer's token ids" in error["message"]
     assert await running.metric(REFUSED, {"reason": "no_token_ids"}) == 1
+
+
+async def test_a_stream_whose_worker_dies_after_its_last_token_is_ended_by_the_router(
+        start_router: StartRouter, make_stub: MakeStub) -> None:
+    """Every token reached the client, then its worker died before the usage event and
+    [DONE]: the router sends them itself; no worker is asked again."""
+    body = body_for(COMPLETIONS, stream_options={"include_usage": True})
+    expected = await uninterrupted(start_router, make_stub, COMPLETIONS, body)
+    prefill, decode = await generative(make_stub, "prefill", "decode")
+    decode.die_after_chunks = 8  # after the 8th token's event (it carries finish_reason)
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,),
+                                 kv_channel="shared-storage")
+    response = await running.client.post(COMPLETIONS, json=body)
+    raw = await response.read()
+    assert text_of(raw) == text_of(expected)
+    assert events(raw)[-1] == "[DONE]"
+    assert json.loads(events(raw)[-2])["usage"]["completion_tokens"] == 8
+    assert all(r.body.get("max_tokens") == 1 for r in prefill.requests)
+    assert await running.metric(MIGRATIONS, {"reason": "after_last_token", "role": "decode"}) == 1
