@@ -78,7 +78,10 @@ StartHeld = Callable[..., Awaitable[Started]]
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def held_router(tokenizer_dir: Path, tmp_path: Path) -> AsyncIterator[StartHeld]:
+async def held_router(tokenizer_dir: Path, tmp_path: Path,
+                      make_stub: MakeStub) -> AsyncIterator[StartHeld]:
+    # Asks for make_stub so that its teardown (below) runs first: a stub closes only once its
+    # held streams have ended.
     clients: list[TestClient] = []
     checkers: list[HeldChecker] = []
     workers: list[StubVLLM] = []
