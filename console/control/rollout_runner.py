@@ -49,7 +49,7 @@ from console.deployments.plans import save_plan
 from console.gateway.router_admin import AdminUnreadable
 from console.quality.gates import evaluate
 from console.quality.models import GateResult
-from console.rollouts import analysis, progress, revisions
+from console.rollouts import analysis, green_progress, revisions
 from console.rollouts.machine import broadcast, move
 from console.rollouts.models import AnalysisRun, Revision, Rollout
 from console.rollouts.services import DEFAULT_MAX_INCONCLUSIVE_S
@@ -172,7 +172,7 @@ class RolloutRunner(RouterGroups, InPlace):
                                                               "revision's gate is off")
             return True
         workers = self._follow_start(rollout)
-        stalled = progress.stalled(workers, rollout.start_timeout_s, timezone.now())
+        stalled = green_progress.stalled(workers, rollout.start_timeout_s, timezone.now())
         if stalled:
             move(rollout, State.ROLLING_BACK, f"green did not become ready: "
                  f"{'; '.join(stalled)}"[:1000], weights=self._rollback_weights(rollout))
@@ -184,7 +184,7 @@ class RolloutRunner(RouterGroups, InPlace):
         page when they changed)."""
         slots = [spec.slot for spec in self.specs(rollout.deployment)]
         before = rollout.progress.get("workers", {})
-        workers = progress.follow(before, slots, rollout.deployment_id, rollout.state_since)
+        workers = green_progress.follow(before, slots, rollout.deployment_id, rollout.state_since)
         if workers != before:
             self._store_progress(rollout, workers=workers)
         return workers

@@ -87,10 +87,10 @@ class Rollout(models.Model):
     scale_down_delay_s = models.PositiveIntegerField(default=30)
     drain_timeout_s = models.PositiveIntegerField(default=120)
     # Green's start fails after this long without progress (no log line, no phase change) of a
-    # worker, counted from its last progress, not from the start (console/rollouts/progress.py).
+    # worker, counted from its last progress, not from the start (console/rollouts/green_progress.py).
     start_timeout_s = models.PositiveIntegerField(default=600)
     # Green's workers while they start: slot -> {"phase", "phase_since", "progress_at", ...}
-    # (progress.follow), and the analysis window being collected: {"opened", "requests"}.
+    # (green_progress.follow), and the analysis window being collected: {"opened", "requests"}.
     progress = models.JSONField(default=dict, blank=True)
     # Green's workers: slot -> {"port", "side_channel_port"}, chosen when the rollout is made
     # (in place: blue's own, freed pair by pair).

@@ -14,7 +14,7 @@ from django.utils import timezone
 from console.deployments.engine_args import check_engine_args
 from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
-from console.rollouts import capacity, progress, revisions
+from console.rollouts import capacity, green_progress, revisions
 from console.rollouts.machine import TransitionRefused, move
 from console.rollouts.models import Revision, Rollout
 
@@ -183,7 +183,7 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
           start_timeout_s: int | None = None) -> Rollout:
     """Start rolling ``revision`` out: green starts beside blue on the next supervisor tick.
     ``start_timeout_s``: how long a green worker may make no progress before the rollout rolls
-    back; None derives it from the deployment's past starts (progress.default_deadline)."""
+    back; None derives it from the deployment's past starts (green_progress.default_deadline)."""
     if strategy not in Strategy.values:
         raise RolloutRefused(f"unknown strategy {strategy!r}; one of {', '.join(Strategy.values)}",
                              "strategy")
@@ -202,7 +202,7 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
     deadline = validate_start_timeout(start_timeout_s)
     why = "as asked"
     if deadline is None:
-        deadline, why = progress.default_deadline(deployment.pk)
+        deadline, why = green_progress.default_deadline(deployment.pk)
     with transaction.atomic():
         Deployment.objects.select_for_update().get(pk=deployment.pk)
         if (running := active(deployment)) is not None:

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from console.accounts.models import Role
 from console.accounts.roles import may, require, visible
 from console.deployments.models import Deployment
-from console.rollouts import progress, revisions, services
+from console.rollouts import green_progress, revisions, services
 from console.rollouts.api.serializers import RolloutSerializer
 from console.rollouts.forms import DraftForm, StartForm
 from console.rollouts.machine import TransitionRefused
@@ -60,7 +60,7 @@ def _revisions_page(request: HttpRequest, deployment: Deployment, *, draft_form:
     return render(request, "rollouts/revisions.html", {
         "deployment": deployment, "rows": listed, "draft_form": draft_form,
         "start_form": StartForm(), "refused": refused,
-        "default_deadline": progress.default_deadline(deployment.pk),
+        "default_deadline": green_progress.default_deadline(deployment.pk),
         "active": services.active(deployment),
         "can_operate": may(request.user, deployment.team_id, Role.OPERATOR),
     }, status=status)

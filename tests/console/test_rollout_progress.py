@@ -27,7 +27,7 @@ from console.control.worker_specs import green_specs
 from console.deployments.models import Deployment
 from console.live import start_phase
 from console.live.models import LogLine
-from console.rollouts import analysis, progress, revisions, services
+from console.rollouts import analysis, green_progress, revisions, services
 from console.rollouts.models import AnalysisRun, Revision, Rollout
 from console.supervisor.models import ManagedProcess
 from tests.console.team_users import token_client
@@ -173,32 +173,32 @@ def test_a_green_worker_that_keeps_restarting_is_rolled_back(plan: Deployment,
     prefill, _ = _green_processes(rollout)
     assert _step(rollout).state == State.STARTING
     ManagedProcess.objects.filter(pk=prefill.pk).update(
-        restarts=progress.MAX_RESTARTS, last_error="exited with code 1")
+        restarts=green_progress.MAX_RESTARTS, last_error="exited with code 1")
     _log(prefill, "=== pdserve 2026-12-04T05:16:01+00:00 starting prefill-0: vllm", 0)
     rollout = _step(rollout)
     assert rollout.state == State.ROLLING_BACK
-    assert f"{prefill.slot} restarted {progress.MAX_RESTARTS} times" in rollout.reason
+    assert f"{prefill.slot} restarted {green_progress.MAX_RESTARTS} times" in rollout.reason
 
 
 def test_the_default_deadline_follows_the_deployments_past_starts(plan: Deployment,
                                                                   draft: Revision) -> None:
     # No start recorded (the fixture's rows have no times): the old 600 s.
-    assert progress.default_deadline(plan.pk)[0] == 600
+    assert green_progress.default_deadline(plan.pk)[0] == 600
     now = timezone.now()
     ManagedProcess.objects.filter(deployment=plan, slot="prefill-0").update(
         started_at=now - timedelta(seconds=150), ready_at=now)
     ManagedProcess.objects.filter(deployment=plan, slot="decode-0").update(
         started_at=now - timedelta(seconds=200), ready_at=now)
-    value, why = progress.default_deadline(plan.pk)
+    value, why = green_progress.default_deadline(plan.pk)
     assert value == 600 and "200 s" in why  # 3 x the slowest
     rollout = services.start(plan, draft, "canary", None)
     assert rollout.start_timeout_s == 600
     assert "600 s without progress" in rollout.transitions.last().reason
     # Fast starts: the floor; very slow ones: the cap.
     ManagedProcess.objects.filter(deployment=plan).update(started_at=now - timedelta(seconds=20))
-    assert progress.default_deadline(plan.pk)[0] == progress.DEADLINE_FLOOR_S
+    assert green_progress.default_deadline(plan.pk)[0] == green_progress.DEADLINE_FLOOR_S
     ManagedProcess.objects.filter(deployment=plan).update(started_at=now - timedelta(hours=2))
-    assert progress.default_deadline(plan.pk)[0] == progress.DEADLINE_CAP_S
+    assert green_progress.default_deadline(plan.pk)[0] == green_progress.DEADLINE_CAP_S
 
 
 @pytest.fixture
