@@ -35,6 +35,7 @@ import pytest
 
 from inference.process_groups import kill_group
 from inference.router.keys import key_hash, new_key, public_prefix
+from inference.worker_auth import ROUTER_WORKER_KEY_ENV
 from tests.borrowed import FACILITY, NAME, Handle
 from tests.console.sockets import free_port
 from tests.e2e.test_failover import PROMPT, events, metric
@@ -264,8 +265,10 @@ def router_of_its_own(handle: Handle, logs: Path, env: dict[str, str] | None = N
          "--tokenizer", model, "--max-model-len", "2048", "--port", str(port),
          "--prefill", worker_url(handle, "prefill-0"), "--decode", worker_url(handle, "decode-0"),
          "--pd-policy", "remote", "--local-prefill-max-tokens", "0", *args],
-        env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        # The workers refuse callers without their deployment's key, as they refuse strangers.
+        env={**os.environ, ROUTER_WORKER_KEY_ENV: handle.worker_headers()[
+            "Authorization"].removeprefix("Bearer "), **(env or {})},
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait(_quiet(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200),

@@ -31,6 +31,7 @@ import redis
 
 from inference.router.handoff import NIXL_PREFILL_PARAMS
 from inference.router.upstream import prompt_token_ids
+from inference.worker_auth import ROUTER_WORKER_KEY_ENV
 from tests.console.sockets import free_port, wait_for
 from tests.console_api import ConsoleApi, admin_token, spawn_console
 from tests.e2e.stale_prefill import StaleHandoffPrefill
@@ -330,6 +331,9 @@ def test_a_failed_kv_load_at_decode_is_a_clear_502_and_decode_stays_healthy(
          "--tokenizer", str(model), "--max-model-len", "2048", "--kv-channel", "nixl",
          "--port", str(router_port), "--prefill", f"http://127.0.0.1:{stub_port}",
          "--decode", decode_url], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        # The deployment's worker key, which the real decode refuses to serve without.
+        env={**os.environ, ROUTER_WORKER_KEY_ENV: two_nodes.worker_headers()[
+            "Authorization"].removeprefix("Bearer ")},
         start_new_session=True)
     try:
         def ok() -> bool:
