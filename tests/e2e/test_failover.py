@@ -197,6 +197,32 @@ def test_a_decode_frozen_mid_stream_ends_the_stream_with_an_error_event(failover
     wait_healthy(failover.short_router)
 
 
+def freeze_with_a_request_on_it(failover: Failover, name: str, attempts: int = 5) -> None:
+    """SIGSTOP worker ``name`` with a request of the router's in flight on it.
+
+    Frozen first, so that a request is surely in flight on it when it dies: the tiny model
+    prefills in milliseconds, and a bare kill can land while it holds none. But a frozen worker
+    leaves rotation after two missed probes (about 2 s), and when every client waits on a slow
+    decode meanwhile, none picks it before that: then it is thawed, let back in, and frozen
+    again."""
+    for _ in range(attempts):
+        failover.signal(name, signal.SIGSTOP)
+        frozen = time.monotonic()
+        while time.monotonic() - frozen < 10:
+            state = member(failover, name)
+            if state["in_flight"] > 0:
+                return
+            if not state["ready"]:
+                break  # out of rotation before any request reached it
+            time.sleep(0.02)
+        failover.signal(name, signal.SIGCONT)
+        back = time.monotonic()
+        while not member(failover, name)["ready"]:
+            assert time.monotonic() - back < 30, f"{name} not back in rotation once thawed"
+            time.sleep(0.1)
+    raise AssertionError(f"no request reached the frozen {name} worker in {attempts} tries")
+
+
 def test_a_prefill_killed_under_load_is_retried_on_the_other_and_no_request_fails(
         failover: Failover) -> None:
     # (when it ended, status) of every request the clients made
@@ -211,30 +237,27 @@ def test_a_prefill_killed_under_load_is_retried_on_the_other_and_no_request_fail
                 answers.append((time.monotonic(), response.status_code))
 
     retries_before = metric(failover.router, "pdserve_router_retries_total", {"role": "prefill"})
-    threads = [threading.Thread(target=client) for _ in range(6)]
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
     for thread in threads:
         thread.start()
-    time.sleep(2)
-    # Freeze it first, so that a request is surely in flight on it when it dies: the tiny
-    # model prefills in milliseconds, and a bare kill can land while it holds none (then
-    # nothing is retried, and the retry is what this test is about).
-    failover.signal("prefill-a", signal.SIGSTOP)
-    frozen = time.monotonic()
-    while member(failover, "prefill-a")["in_flight"] == 0:
-        assert time.monotonic() - frozen < 10, "no request reached the frozen prefill worker"
-        time.sleep(0.02)
-    failover.signal("prefill-a", signal.SIGKILL)
-    killed = time.monotonic()
-    out_within = None
-    while time.monotonic() - killed < 5:
-        if not member(failover, "prefill-a")["ready"]:
-            out_within = time.monotonic() - killed
-            break
-        time.sleep(0.05)
-    time.sleep(2)
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=60)
+    try:
+        time.sleep(2)
+        freeze_with_a_request_on_it(failover, "prefill-a")
+        failover.signal("prefill-a", signal.SIGKILL)
+        killed = time.monotonic()
+        out_within = None
+        while time.monotonic() - killed < 5:
+            if not member(failover, "prefill-a")["ready"]:
+                out_within = time.monotonic() - killed
+                break
+            time.sleep(0.05)
+        time.sleep(2)
+    finally:
+        # Whatever failed above, the clients stop here: left running, they load the workers
+        # (and this process's GIL) through every later test.
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
     assert out_within is not None and out_within < 2, out_within
     statuses = [status for _, status in answers]
     assert set(statuses) == {200}, statuses
@@ -266,15 +289,38 @@ def test_a_decode_killed_mid_stream_is_continued_on_prefill_with_the_same_greedy
         whole = list(response.iter_lines())
     migrated_before = metric(failover.router, "pdserve_router_migrations_total",
                              {"reason": "mid_stream", "role": "decode"})
-    lines: list[str] = []
-    started = time.monotonic()
-    with httpx.stream("POST", f"{failover.router}/v1/completions", json=body,
-                      timeout=60) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            lines.append(line)
-            if len(events(lines)) == 3:
-                failover.signal("decode", signal.SIGKILL)
+    # The tiny model decodes 48 tokens in about 150 ms, and a loaded worker sends them in one
+    # burst: a kill at the client's third event can come after the router had the whole
+    # answer (then nothing is migrated). So decode is frozen at the third event, and killed
+    # only if the stream then stalls; a stream that ends while decode is frozen was never cut,
+    # and is tried again.
+    for _ in range(5):
+        lines: list[str] = []
+        killed = threading.Event()
+
+        def kill(killed: threading.Event = killed) -> None:
+            killed.set()
+            failover.signal("decode", signal.SIGKILL)
+
+        timer = threading.Timer(1.0, kill)
+        frozen = False
+        started = time.monotonic()
+        with httpx.stream("POST", f"{failover.router}/v1/completions", json=body,
+                          timeout=60) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                lines.append(line)
+                if len(events(lines)) == 3 and not frozen:
+                    frozen = True
+                    failover.signal("decode", signal.SIGSTOP)
+                    timer.start()
+        timer.cancel()
+        if killed.is_set():
+            break
+        # The whole answer had left decode before it froze.
+        failover.signal("decode", signal.SIGCONT)
+        wait_healthy(failover.router)
+    assert killed.is_set(), "every stream ended before decode froze"
     assert time.monotonic() - started < 30
     assert events(lines)[-1] == "[DONE]", lines[-3:]
     assert not any('"error"' in e for e in events(lines))
