@@ -64,3 +64,44 @@ def test_the_static_check_catches_every_import_form() -> None:
         "m.py:2: django", "m.py:3: rest_framework.views", "m.py:4: channels.layers",
         "m.py:5: console.deployments", "m.py:8: django.conf",
     ]
+
+
+ROUTER = ROOT / "inference" / "router"
+
+
+def router_imports(path: Path) -> set[str]:
+    """The router modules ``path`` imports, type-only imports included: a back-reference
+    for annotations is a cycle a reader of the request path meets too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("inference.router"):
+            module = node.module or ""
+            names = [module] if module.count(".") > 1 else [
+                f"{module}.{alias.name}" for alias in node.names]
+            found.update(n for n in names if module_path(n) is not None)
+    return found
+
+
+def module_path(name: str) -> Path | None:
+    relative = Path(*name.split(".")[2:])
+    for candidate in (ROUTER / relative.with_suffix(".py"), ROUTER / relative / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def test_the_router_modules_import_each_other_in_one_direction() -> None:
+    graph = {f"inference.router.{'.'.join(p.relative_to(ROUTER).with_suffix('').parts)}"
+             .removesuffix(".__init__"): router_imports(p) for p in ROUTER.rglob("*.py")}
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, [start])], {start}
+        while stack:
+            node, trail = stack.pop()
+            for imported in graph.get(node, ()):
+                if imported == start:
+                    cycles.append(" -> ".join([*trail, start]))
+                elif imported not in seen:
+                    seen.add(imported)
+                    stack.append((imported, [*trail, imported]))
+    assert cycles == []

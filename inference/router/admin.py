@@ -14,25 +14,22 @@ finished (see backends.py).
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from inference.router.admin_shapes import backend_url, describe, error
+from inference.router.admin_shapes import RouterControl, backend_url, describe, error
 from inference.router.client_input import parse_json
 from inference.router.groups import DRAINING, Group
 from inference.router.groups_admin import GroupsAdmin
 from inference.router.keys_admin import KeysAdmin
 from inference.router.prompts import RequestError
 
-if TYPE_CHECKING:
-    from inference.router.server import Router
-
 PATH = "/admin/backends"
 
 
 class AdminAPI:
-    def __init__(self, router: Router, token: str | None):
+    def __init__(self, router: RouterControl, token: str | None):
         self.router = router
         self.token = token
 

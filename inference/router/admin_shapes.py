@@ -3,13 +3,39 @@ backend descriptions, and errors in OpenAI's shape with ``param`` naming the fie
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from yarl import URL
 
 from inference.router.backends import Backend
+from inference.router.groups import Group
+from inference.router.keys import Gatekeeper
 from inference.router.prompts import RequestError
+from inference.router.selection import Selector
+
+
+class RouterControl(Protocol):
+    """What the admin API reads and changes of the router (server.Router), named here so that
+    the request path reads one way: the server builds the admin API, never the reverse."""
+
+    gate: Gatekeeper
+    groups: dict[str, Group]
+    selector: Selector
+
+    @property
+    def primary(self) -> Group: ...
+
+    async def add_group(self, revision: str, mode: str, urls: dict[str, tuple[str, ...]],
+                        weight: int) -> Group: ...
+
+    def set_weights(self, weights: dict[str, int]) -> None: ...
+
+    def remove_group(self, revision: str) -> Group: ...
+
+    async def add_backend(self, role: str, url: str, group: Group | None = None) -> Backend: ...
+
+    def remove_backend(self, role: str, url: str, group: Group | None = None) -> Backend: ...
 
 
 def backend_url(value: Any, param: str = "url") -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +142,29 @@ class Group:
         else:
             answer["status"] = "unavailable"
         return answer
+
+
+def report_state(metrics: RouterMetrics, groups: Iterable[Group]) -> None:
+    """Set the gauges of ``metrics`` that describe the router's state now, just before a scrape
+    (here rather than in metrics.py, which the groups' parts import)."""
+    for group in groups:
+        revision = group.revision
+        for pool in group.pools.values():
+            for backend in pool.backends:
+                metrics.backend_up.labels(pool.role, backend.url, revision).set(
+                    1 if backend.healthy else 0)
+                metrics.in_flight.labels(pool.role, backend.url, revision).set(backend.in_flight)
+            for backend in pool.draining:
+                metrics.backend_up.labels(pool.role, backend.url, revision).set(0)
+                metrics.in_flight.labels(pool.role, backend.url, revision).set(backend.in_flight)
+        placer = group.placer
+        if placer is not None:
+            metrics.prefill_queue_depth.labels(revision).set(placer.queue.depth)
+            metrics.adaptive_local_max_tokens.labels(revision).set(placer.local_max_tokens())
+            metrics.prefill_speed.labels("remote", revision).set(
+                placer.remote_speed.tokens_per_s or 0)
+            metrics.prefill_speed.labels("local", revision).set(placer.local_speed.tokens_per_s or 0)
+            metrics.prefill_busy_fraction.labels(revision).set(placer.queue.busy.fraction())
 
 
 def build_group(config: RouterConfig, metrics: RouterMetrics, revision: str, mode: str,

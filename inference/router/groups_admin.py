@@ -15,18 +15,15 @@ deletes it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from inference.router.admin_shapes import backend_url, describe, error
+from inference.router.admin_shapes import RouterControl, backend_url, describe, error
 from inference.router.client_input import parse_json
 from inference.router.config import REVISION_LABEL
 from inference.router.groups import DRAINING, ROLES, Group, LastGroup
 from inference.router.prompts import RequestError
-
-if TYPE_CHECKING:
-    from inference.router.server import Router
 
 PATH = "/admin/groups"
 FIELDS = ("revision", "mode", "weight", "prefill", "decode", "colocated")
@@ -34,7 +31,7 @@ MAX_WEIGHT = 1_000_000
 
 
 class GroupsAdmin:
-    def __init__(self, router: Router, denied: Callable[[web.Request], web.Response | None]):
+    def __init__(self, router: RouterControl, denied: Callable[[web.Request], web.Response | None]):
         self.router = router
         self.denied = denied
 

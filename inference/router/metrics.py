@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from inference.router.ratelimit import generated_estimate
 from inference.router.timeline import Timeline
-
-if TYPE_CHECKING:
-    from inference.router.groups import Group
 
 ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -237,27 +233,6 @@ class RouterMetrics:
         if tokens > 1 and "last_token" in timeline.events:
             self.tpot_seconds.labels(revision).observe(
                 (timeline.events["last_token"] - ttft_ms) / 1000 / (tokens - 1))
-
-    def refresh(self, groups: Iterable[Group]) -> None:
-        """Set the gauges that describe the router's state now, just before a scrape."""
-        for group in groups:
-            revision = group.revision
-            for pool in group.pools.values():
-                for backend in pool.backends:
-                    self.backend_up.labels(pool.role, backend.url, revision).set(
-                        1 if backend.healthy else 0)
-                    self.in_flight.labels(pool.role, backend.url, revision).set(backend.in_flight)
-                for backend in pool.draining:
-                    self.backend_up.labels(pool.role, backend.url, revision).set(0)
-                    self.in_flight.labels(pool.role, backend.url, revision).set(backend.in_flight)
-            placer = group.placer
-            if placer is not None:
-                self.prefill_queue_depth.labels(revision).set(placer.queue.depth)
-                self.adaptive_local_max_tokens.labels(revision).set(placer.local_max_tokens())
-                self.prefill_speed.labels("remote", revision).set(
-                    placer.remote_speed.tokens_per_s or 0)
-                self.prefill_speed.labels("local", revision).set(placer.local_speed.tokens_per_s or 0)
-                self.prefill_busy_fraction.labels(revision).set(placer.queue.busy.fraction())
 
     def decision(self, role: str, policy: str, outcome: str) -> None:
         self.policy_decisions.labels(role, policy, outcome).inc()

@@ -41,6 +41,7 @@ from inference.router.groups import (
     LastGroup,
     WarmupPrompt,
     build_group,
+    report_state,
 )
 from inference.router.keys import ApiKey, AuthFailure, Gatekeeper, load_key_file
 from inference.router.metrics import RouterMetrics
@@ -294,7 +295,7 @@ class Router:
         return web.json_response(answer, status=503 if status == "unavailable" else 200)
 
     async def prometheus(self, _request: web.Request) -> web.Response:
-        self.metrics.refresh(self.groups.values())
+        report_state(self.metrics, self.groups.values())
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -10,16 +10,23 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    # Only for annotations: backends.py imports this module to build its pools.
-    from inference.router.backends import Backend
+
+class Candidate(Protocol):
+    """What a policy reads of a pool's member (backends.Backend, which builds its pools from
+    this package, so the policies do not name it): its requests in flight. Members are told
+    apart by identity."""
+
+    in_flight: int
+
+
+B = TypeVar("B", bound=Candidate)
 
 
 @dataclass(frozen=True, slots=True)
-class Choice:
-    backend: Backend
+class Choice(Generic[B]):
+    backend: B
     outcome: str
 
 
@@ -33,5 +40,5 @@ class Policy(ABC):
     uses_prompt: ClassVar[bool] = False
 
     @abstractmethod
-    def choose(self, ready: Sequence[Backend], prompt_token_ids: Sequence[int]) -> Choice:
+    def choose(self, ready: Sequence[B], prompt_token_ids: Sequence[int]) -> Choice[B]:
         """Pick one of ``ready`` (never empty)."""

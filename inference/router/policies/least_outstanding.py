@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from inference.router.policies.base import Choice, Policy
-
-if TYPE_CHECKING:
-    from inference.router.backends import Backend
+from inference.router.policies.base import B, Choice, Policy
 
 
 class LeastOutstanding(Policy):
@@ -19,10 +15,10 @@ class LeastOutstanding(Policy):
     def __init__(self) -> None:
         self._turn = itertools.count()
 
-    def choose(self, ready: Sequence[Backend], prompt_token_ids: Sequence[int]) -> Choice:
+    def choose(self, ready: Sequence[B], prompt_token_ids: Sequence[int]) -> Choice[B]:
         return Choice(self.least_loaded(ready), "picked")
 
-    def least_loaded(self, ready: Sequence[Backend]) -> Backend:
+    def least_loaded(self, ready: Sequence[B]) -> B:
         if len(ready) == 1:
             return ready[0]
         fewest = min(b.in_flight for b in ready)

@@ -17,13 +17,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from inference.router.policies.base import Choice, Policy
+from inference.router.policies.base import B, Candidate, Choice, Policy
 from inference.router.policies.least_outstanding import LeastOutstanding
-
-if TYPE_CHECKING:
-    from inference.router.backends import Backend
 
 # Prefix homes remembered, least recently used dropped first. An entry is an int and a
 # reference (~100 bytes with the dict's overhead), so the table stays under ~10 MB.
@@ -39,7 +35,7 @@ class PrefixAware(Policy):
             raise ValueError("block_size, blocks and table_size must be positive")
         self.prefix_tokens = block_size * blocks
         self.table_size = table_size
-        self._homes: OrderedDict[int, Backend] = OrderedDict()
+        self._homes: OrderedDict[int, Candidate] = OrderedDict()
         self._least = LeastOutstanding()
 
     def prefix_key(self, prompt_token_ids: Sequence[int]) -> int | None:
@@ -50,7 +46,7 @@ class PrefixAware(Policy):
         # without its prefix cached: slower, never wrong.
         return hash(tuple(prompt_token_ids[: self.prefix_tokens]))
 
-    def choose(self, ready: Sequence[Backend], prompt_token_ids: Sequence[int]) -> Choice:
+    def choose(self, ready: Sequence[B], prompt_token_ids: Sequence[int]) -> Choice[B]:
         key = self.prefix_key(prompt_token_ids)
         if key is None:
             return Choice(self._least.least_loaded(ready), "short_prompt")

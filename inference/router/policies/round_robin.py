@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from inference.router.policies.base import Choice, Policy
-
-if TYPE_CHECKING:
-    from inference.router.backends import Backend
+from inference.router.policies.base import B, Choice, Policy
 
 
 class RoundRobin(Policy):
@@ -18,5 +14,5 @@ class RoundRobin(Policy):
     def __init__(self) -> None:
         self._turn = itertools.count()
 
-    def choose(self, ready: Sequence[Backend], prompt_token_ids: Sequence[int]) -> Choice:
+    def choose(self, ready: Sequence[B], prompt_token_ids: Sequence[int]) -> Choice[B]:
         return Choice(ready[next(self._turn) % len(ready)], "picked")
