@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from inference.router.adaptive import AdaptivePlacer
 from inference.router.admin import AdminAPI
+from inference.router.admission import Admission
 from inference.router.backends import (
     Backend,
     NoBackendAvailable,
@@ -43,7 +44,7 @@ from inference.router.groups import (
     build_group,
     report_state,
 )
-from inference.router.keys import ApiKey, AuthFailure, Gatekeeper, load_key_file
+from inference.router.keys import ApiKey, Gatekeeper, load_key_file
 from inference.router.metrics import RouterMetrics
 from inference.router.prompts import (
     CharsPerToken,
@@ -52,7 +53,7 @@ from inference.router.prompts import (
     PromptChecker,
     RequestError,
 )
-from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
+from inference.router.ratelimit import RateLimiter, Refused, Ticket
 from inference.router.selection import SESSION_HEADER, Selector, session_key
 from inference.router.timeline import Timeline
 from inference.router.tokenizing import TokenizerBusy, Tokenizing, default_threads
@@ -89,6 +90,8 @@ class Router:
         self.chars_per_token = CharsPerToken()
         self.tokenizing = Tokenizing(config.tokenize_threads or default_threads(),
                                      config.tokenize_queue)
+        self.admission = Admission(self.gate, self.limiter, self.metrics, self.tokenizing,
+                                   self.chars_per_token)
         self.warmup: WarmupPrompt | None = None
         if config.kv_warmup_tokens:
             self.warmup = WarmupPrompt(
@@ -301,7 +304,7 @@ class Router:
 
     async def models(self, request: web.Request) -> web.Response:
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        if isinstance(denied := self._check_auth(request, request_id), web.Response):
+        if isinstance(denied := self.admission.check_auth(request, request_id), web.Response):
             return denied
         return web.json_response({
             "object": "list",
@@ -314,95 +317,11 @@ class Router:
             }],
         })
 
-    def _check_auth(self, request: web.Request, request_id: str) -> ApiKey | web.Response | None:
-        """The caller's key (None: no key needed, or the legacy PDSERVE_API_KEY), or a 401."""
-        try:
-            return self.gate.check(request.headers.get("Authorization", ""))
-        except AuthFailure as exc:
-            self.metrics.auth_failures.labels(exc.reason).inc()
-            return error_response(401, exc.message, request_id, code="invalid_api_key",
-                                  headers={"WWW-Authenticate": "Bearer"})
-
-    def _rate_limited(self, exc: Refused, request_id: str) -> web.Response:
-        self.metrics.rate_limited.labels(exc.limit).inc()
-        return error_response(429, exc.message, request_id, param=exc.limit,
-                              code="rate_limit_exceeded",
-                              headers={"Retry-After": str(exc.retry_after_s)})
-
-    @staticmethod
-    def _busy(exc: TokenizerBusy, request_id: str) -> web.Response:
-        return error_response(503, str(exc), request_id, code="tokenizer_busy",
-                              headers={"Retry-After": str(exc.retry_after_s)})
-
-    async def _release(self, ticket: Ticket) -> None:
-        """Give back the lease of a request that ended before it was admitted whole (a bad body,
-        a refusal on tokens, a client that left)."""
-        releasing = self.limiter.settle(ticket, 0, None)
-        if ticket.store is None or ticket.store is self.limiter.memory:
-            await releasing  # never suspends, so a cancellation cannot cut it short
-        else:
-            await asyncio.shield(releasing)
-
-    async def _admit_tokens(self, key: ApiKey, ticket: Ticket | None,
-                            parsed: ParsedRequest) -> None:
-        if ticket is not None:
-            prompt = parsed.prompt
-            if prompt.known_length is None and key.limits.prompt_tokens_per_minute:
-                # Tokenizing the prompt would cost the router more than the rest of the
-                # request: charge an estimate now and the exact count in _settle, where vLLM's
-                # usage or the PD hand-off has usually brought it for free.
-                await self.limiter.admit_tokens(
-                    ticket, self.chars_per_token.estimate(prompt.text), parsed.max_tokens,
-                    parsed.sequences, exact_prompt_tokens=lambda: self.tokenizing.count(prompt))
-            else:
-                await self.limiter.admit_tokens(ticket, prompt.known_length or 0,
-                                                parsed.max_tokens, parsed.sequences)
-        self.metrics.key_requests.labels(key.label).inc()
-
-    async def _settle(self, key: ApiKey, ticket: Ticket | None, parsed: ParsedRequest,
-                      timeline: Timeline) -> None:
-        """Runs on every exit of an admitted request: answered, failed, timed out, cancelled."""
-        if ticket is not None:
-            ticket.settled = True  # from now on this settles it, whatever cancels the handler
-        generated = generated_estimate(timeline.completion_tokens, timeline.stream_chunks,
-                                       timeline.endpoint)
-        prompt_tokens = timeline.prompt_tokens
-        if prompt_tokens is None and ticket is not None and ticket.prompt_charged:
-            # The charge was an estimate (an exact count would be known) and the answer brought
-            # no usage (a stream that did not ask for it): count now, after its last chunk.
-            if parsed.prompt.known_length is None and len(parsed.prompt.text) > \
-                    self.tokenizing.inline_chars:
-                # Off the loop, and shielded: a client that leaves meanwhile must not keep
-                # the lease and the reservation from being given back.
-                await asyncio.shield(self._settle_counted(key, ticket, parsed, generated))
-                return
-            prompt_tokens = len(parsed.prompt_token_ids)
-        await self._settle_counted(key, ticket, parsed, generated, prompt_tokens)
-
-    async def _settle_counted(self, key: ApiKey, ticket: Ticket | None, parsed: ParsedRequest,
-                              generated: int, prompt_tokens: int | None = None) -> None:
-        if prompt_tokens is None and ticket is not None and ticket.prompt_charged:
-            prompt_tokens = len(await self.tokenizing.ids(parsed.prompt, may_refuse=False))
-        if prompt_tokens is not None and parsed.prompt.text:
-            self.chars_per_token.observe(len(parsed.prompt.text), prompt_tokens)
-        key.usage.generated_tokens += generated
-        key.usage.prompt_tokens += prompt_tokens or 0
-        if ticket is None:
-            return
-        settling = self.limiter.settle(ticket, generated, prompt_tokens)
-        if ticket.store in (None, self.limiter.memory) and ticket.token_store in (
-                None, self.limiter.memory):
-            await settling  # never suspends, so a cancellation cannot cut it short
-        else:
-            # Shielded: a client that disconnects cancels this handler, and the lease and the
-            # unused reservation must still be given back.
-            await asyncio.shield(settling)
-
     async def pass_through(self, request: web.Request) -> web.StreamResponse:
         """A vLLM route relayed to one ready worker of the request's group (decode first: it
         renders as chat does)."""
         timeline = Timeline(request.headers.get("X-Request-Id") or uuid.uuid4().hex, "other")
-        if isinstance(key := self._check_auth(request, timeline.request_id), web.Response):
+        if isinstance(key := self.admission.check_auth(request, timeline.request_id), web.Response):
             return key
         ticket = None
         if key is not None and request.method == "POST":
@@ -411,7 +330,7 @@ class Router:
             try:
                 ticket = await self.limiter.admit_request(key)
             except Refused as exc:
-                return self._rate_limited(exc, timeline.request_id)
+                return self.admission.rate_limited(exc, timeline.request_id)
             self.metrics.key_requests.labels(key.label).inc()
         try:
             try:
@@ -432,7 +351,7 @@ class Router:
             return response
         finally:
             if ticket is not None:
-                await self._release(ticket)
+                await self.admission.release(ticket)
 
     async def _pass_to(self, group: Group, request: web.Request, raw: bytes,
                        timeline: Timeline) -> web.Response:
@@ -496,7 +415,7 @@ class Router:
     async def _serve_inner(self, request: web.Request, endpoint: str,
                            timeline: Timeline) -> web.StreamResponse:
         request_id = timeline.request_id
-        if isinstance(key := self._check_auth(request, request_id), web.Response):
+        if isinstance(key := self.admission.check_auth(request, request_id), web.Response):
             return key
         # The cheap limits first, before the body is even read: a key over its request rate or
         # its concurrency costs the router no parsing and no tokenizing.
@@ -505,7 +424,7 @@ class Router:
             try:
                 ticket = await self.limiter.admit_request(key)
             except Refused as exc:
-                return self._rate_limited(exc, request_id)
+                return self.admission.rate_limited(exc, request_id)
         try:
             try:
                 raw = await request.read()
@@ -529,7 +448,7 @@ class Router:
                 group.leave()
         finally:
             if ticket is not None and not ticket.settled:
-                await self._release(ticket)
+                await self.admission.release(ticket)
 
     async def _serve_in(self, group: Group, request: web.Request, parsed: ParsedRequest,
                         raw: bytes, key: ApiKey | None, ticket: Ticket | None,
@@ -545,7 +464,7 @@ class Router:
                 await self.tokenizing.ids(parsed.prompt)
                 self.checker.check_length(parsed)
             if key is not None:
-                await self._admit_tokens(key, ticket, parsed)
+                await self.admission.admit_tokens(key, ticket, parsed)
             if self._routes_by_ids(group, parsed):
                 await self.tokenizing.ids(parsed.prompt)
         except RequestError as exc:
@@ -554,10 +473,10 @@ class Router:
             timeline.error = f"worker answered {exc.response.status} to /tokenize"
             return exc.response
         except Refused as exc:
-            return self._rate_limited(exc, request_id)
+            return self.admission.rate_limited(exc, request_id)
         except TokenizerBusy as exc:
             timeline.error = str(exc)
-            return self._busy(exc, request_id)
+            return self.admission.busy(exc, request_id)
 
         try:
             return await self._dispatch(group, request, parsed, raw, timeline)
@@ -567,7 +486,7 @@ class Router:
             if parsed.prompt.known_length is not None:
                 timeline.prompt_tokens = parsed.prompt.known_length
             if key is not None:
-                await self._settle(key, ticket, parsed, timeline)
+                await self.admission.settle(key, ticket, parsed, timeline)
 
     @staticmethod
     def _routes_by_ids(group: Group, parsed: ParsedRequest) -> bool:
