@@ -24,6 +24,7 @@ from inference.router.upstream import (
     BackendFailure,
     describe,
     error_response,
+    never_sent,
     ran_out_of_time,
     relay,
     sse_error,
@@ -242,8 +243,11 @@ class Forwarder:
             why_not = "too_many_failures"
         replacement = None
         if why_not is None:
+            # A continuation whose connection timed out on a saturated host never reached
+            # its worker: with no peer, that worker is tried again (unsent).
             replacement = self._replacement(role, pump.parsed,
-                                            BackendFailure(role, failed, describe(exc)), tried)
+                                            BackendFailure(role, failed, describe(exc),
+                                                           unsent=never_sent(exc)), tried)
             if replacement is None:
                 why_not = "no_worker"
         if why_not is not None or replacement is None:

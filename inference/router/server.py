@@ -501,11 +501,13 @@ class Router:
                         raw: bytes, timeline: Timeline) -> web.StreamResponse:
         try:
             return await self._route(group, request, parsed, raw, timeline)
-        except BackendFailure as exc:
+        except (BackendFailure, NoBackendAvailable) as exc:
             # A failed call to decode raises only before anything reached the client (a
-            # failure mid-stream ends the stream with an error event instead): prefill can
-            # still answer the whole request.
-            if (exc.role != "decode" or exc.timed_out or not self.config.degraded_mode
+            # failure mid-stream ends the stream with an error event instead), and so does a
+            # prefilled request that finds no decode left (the one it was meant for died while
+            # it prefilled): prefill can still answer the whole request.
+            timed_out = isinstance(exc, BackendFailure) and exc.timed_out
+            if (exc.role != "decode" or timed_out or not self.config.degraded_mode
                     or group.mode != "pd" or not group.pools["prefill"].ready()):
                 return self._failed(exc, timeline)
             log.warning("request %s: %s; prefill runs it whole", timeline.request_id, exc)
@@ -514,7 +516,7 @@ class Router:
                                             missing="decode")
             except (NoBackendAvailable, BackendFailure, RequestTimedOut, UpstreamError) as again:
                 return self._failed(again, timeline)
-        except (NoBackendAvailable, RequestTimedOut, UpstreamError) as exc:
+        except (RequestTimedOut, UpstreamError) as exc:
             return self._failed(exc, timeline)
 
     def _failed(self, exc: Exception, timeline: Timeline) -> web.StreamResponse:

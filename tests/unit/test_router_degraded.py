@@ -4,6 +4,7 @@ with the plan's switch off, such requests are answered 503 as before."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -104,4 +105,26 @@ async def test_a_decode_that_refuses_the_call_leaves_the_request_to_prefill(
     # The hand-off's prefill call, then the whole request once decode refused.
     assert [r.body.get("max_tokens") for r in prefill.requests] == [1, 4]
     assert as_client_sent(prefill.requests[-1].body) == body
+    assert await running.metric(DEGRADED, {"missing_role": "decode"}) == 1
+
+
+async def test_a_decode_gone_while_the_request_prefilled_leaves_it_to_prefill(
+        start_router: StartRouter, make_stub: MakeStub) -> None:
+    # Seen under `vllm bench serve` through a decode SIGKILL: requests whose prefill ended just
+    # after decode left rotation found no decode to hand over to and were answered 503.
+    prefill, decode = await make_stub("prefill"), await make_stub("decode")
+    prefill.seconds_per_prompt_token = 0.15
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl",
+                                 health_interval_s=0.1)
+    answer = asyncio.create_task(running.client.post("/v1/completions", json=COMPLETION))
+    await wait_until(lambda: len(prefill.requests) == 1)
+    await decode.close()
+    await wait_until(lambda: not running.router.pools["decode"].ready())
+    assert not answer.done(), "the prefill ended before decode left rotation"
+    response = await answer
+    assert response.status == 200, await response.text()
+    assert b"prefill" in await response.read()
+    # The hand-off's prefill call, then the whole request on prefill: never sent to decode.
+    assert [r.body.get("max_tokens") for r in prefill.requests] == [1, 4]
+    assert decode.requests == []
     assert await running.metric(DEGRADED, {"missing_role": "decode"}) == 1

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.unit.conftest import MODEL, RunningRouter, StubVLLM
@@ -243,3 +244,40 @@ async def test_a_stream_whose_worker_dies_after_its_last_token_is_ended_by_the_r
     assert json.loads(events(raw)[-2])["usage"]["completion_tokens"] == 8
     assert all(r.body.get("max_tokens") == 1 for r in prefill.requests)
     assert await running.metric(MIGRATIONS, {"reason": "after_last_token", "role": "decode"}) == 1
+
+
+async def test_a_continuation_whose_connection_times_out_goes_on_on_the_same_worker(
+        start_router: StartRouter, make_stub: MakeStub,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode dies mid-stream; its continuation's connection to the only prefill times out (a
+    saturated host: the call never reached the worker). That prefill is still up and has no
+    peer, so the continuation is made to it again: the client's text equals an uninterrupted
+    answer (CI once saw 'no other ready worker' here)."""
+    body = body_for(CHAT)
+    expected = await uninterrupted(start_router, make_stub, CHAT, body)
+    prefill, decode = await generative(make_stub, "prefill", "decode")
+    decode.die_after_chunks = 3
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,),
+                                 kv_channel="shared-storage")
+    timed_out: list[str] = []
+    connect = aiohttp.TCPConnector.connect
+
+    async def slow_host(self: aiohttp.TCPConnector, req: aiohttp.ClientRequest,
+                        *args: Any, **kwargs: Any) -> Any:
+        # The first continuation (prefill's /v1/completions) finds the host too busy to connect.
+        if (str(req.url).startswith(prefill.url) and req.url.path == COMPLETIONS
+                and not timed_out):
+            timed_out.append(str(req.url))
+            raise aiohttp.ConnectionTimeoutError(f"connection timeout to {req.url}")
+        return await connect(self, req, *args, **kwargs)
+
+    monkeypatch.setattr(aiohttp.TCPConnector, "connect", slow_host)
+    response = await running.client.post(CHAT, json=body)
+    assert response.status == 200
+    raw = await response.read()
+    assert timed_out, "the continuation's connection was never attempted"
+    assert events(raw)[-1] == "[DONE]", events(raw)[-2:]
+    assert text_of(raw) == text_of(expected) and text_of(raw)
+    continuations = [r for r in prefill.requests if r.path == COMPLETIONS]
+    assert len(continuations) == 1  # the timed-out attempt never reached it
+    assert await running.metric(REFUSED, {"reason": "no_worker"}) == 0
