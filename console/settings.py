@@ -145,6 +145,10 @@ else:
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 20,
             },
+            # Tests too on a file with these options: Django's default test database, in
+            # memory with a shared cache, locks whole tables and fails a second writer at once
+            # ("database table is locked") where a file waits for the lock.
+            "TEST": {"NAME": str(DATA_DIR / "test-pdserve.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

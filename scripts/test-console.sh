@@ -4,7 +4,9 @@
 # 13 of make test's minutes on a slow machine; both are CPU-bound in one process, and the
 # machine has two cores. Each run has a data directory of its own (Celery's file-system broker,
 # logs, the secret key) and KV directory; the websocket tests on Redis use a channel prefix of
-# their own.
+# their own. SQLite's test database is a file in the data directory (console/settings.py), so
+# that directory is on tmpfs: the suite commits thousands of times, and a disk's fsync would
+# cost it minutes.
 #
 #   scripts/test-console.sh POSTGRES_URL [pytest arguments...]
 set -uo pipefail
@@ -15,7 +17,7 @@ shift
 sqlite_log=$(mktemp)
 trap 'rm -f "$sqlite_log"' EXIT
 
-env -u DATABASE_URL PDSERVE_DATA_DIR="$PWD/data/test-console-sqlite" \
+env -u DATABASE_URL PDSERVE_DATA_DIR=/dev/shm/pdserve-test-console-sqlite-data \
   PDSERVE_KV_DIR=/dev/shm/pdserve-test-console-sqlite \
   "$PY" -m pytest tests/console -q -p no:cacheprovider "$@" >"$sqlite_log" 2>&1 &
 sqlite_pid=$!

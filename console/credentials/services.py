@@ -3,18 +3,23 @@ revoked, and their last use written at most once a minute. Making and revoking o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import secrets
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from console.audit.entries import record, snapshot
 from console.credentials.models import ApiToken
+
+log = logging.getLogger(__name__)
 
 # Marks a console API token, so a secret found in a log or a repository says what it opens.
 SECRET_START = "pdt_"
@@ -78,11 +83,50 @@ def accepted_token(secret: str, now: datetime) -> ApiToken:
 
 
 def note_use(token: ApiToken, now: datetime) -> None:
-    """Remember ``now`` as the token's last use, unless a use under a minute ago already is."""
+    """Remember ``now`` as the token's last use, unless a use under a minute ago already is.
+
+    The note never fails the call it is made for: when another writer holds the database
+    for longer than LAST_USE_LOCK_WAIT (the supervisor promoting a rollout on a saturated
+    host), the note is left for the next call and a warning logged; a GET answered 500
+    "database is locked" for bookkeeping is what this avoids."""
     stale = now - LAST_USE_RESOLUTION
     if token.last_used_at is not None and token.last_used_at > stale:
         return
-    # Conditional, so concurrent calls of one token write once between them.
-    ApiToken.objects.filter(pk=token.pk).filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lte=stale)).update(last_used_at=now)
+    try:
+        with _brief_lock_wait():
+            # Conditional, so concurrent calls of one token write once between them.
+            ApiToken.objects.filter(pk=token.pk).filter(
+                Q(last_used_at__isnull=True) | Q(last_used_at__lte=stale)).update(last_used_at=now)
+    except OperationalError as busy:
+        log.warning("token %s: its last use is not recorded this time, the database is "
+                    "busy (%s)", token.prefix, busy)
+        return
     token.last_used_at = now
+
+
+# How long the last-use note waits for another writer's lock before it is left out.
+LAST_USE_LOCK_WAIT = timedelta(seconds=1)
+
+
+@contextlib.contextmanager
+def _brief_lock_wait() -> Iterator[None]:
+    """The statements inside wait at most LAST_USE_LOCK_WAIT for a lock (SQLite's busy
+    timeout, PostgreSQL's lock_timeout) instead of the connection's own limit."""
+    wait_ms = int(LAST_USE_LOCK_WAIT.total_seconds() * 1000)
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA busy_timeout")
+            (before,) = cursor.fetchone()
+            cursor.execute(f"PRAGMA busy_timeout = {wait_ms}")
+            try:
+                yield
+            finally:
+                cursor.execute(f"PRAGMA busy_timeout = {int(before)}")
+    elif connection.vendor == "postgresql":
+        # SET LOCAL ends with the transaction; the savepoint keeps a refused lock from
+        # aborting a transaction the caller may be in.
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = {wait_ms}")
+            yield
+    else:
+        yield

@@ -4,12 +4,15 @@ revoke audited."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import connection, connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -152,6 +155,43 @@ def test_last_use_is_written_at_most_once_a_minute(owner: User) -> None:
     assert ApiToken.objects.get().last_used_at > first_use
     listed = client.get(TOKENS_URL).json()["results"][0]
     assert listed["last_used_at"] is not None and listed["state"] == "active"
+
+
+@contextlib.contextmanager
+def another_writer_holds_the_tokens() -> Iterator[None]:
+    """A second connection holds the write lock the last-use note needs (on SQLite the
+    database's, on PostgreSQL the token table's), as the supervisor's promotion of a rollout
+    does on a saturated host."""
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            if other.vendor == "sqlite":
+                cursor.execute("DELETE FROM django_session WHERE 0")  # takes the write lock
+            else:
+                cursor.execute(f"LOCK TABLE {ApiToken._meta.db_table} IN EXCLUSIVE MODE")
+        yield
+    finally:
+        other.rollback()
+        other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_is_answered_while_another_writer_holds_the_database(
+        owner: User, caplog: pytest.LogCaptureFixture) -> None:
+    """CI saw GET /api/v1/rollouts/1/ answered 500 'database is locked' at a promotion under
+    load: the GET's only write is the token's last use, which must not fail the call."""
+    secret = token_for(owner)
+    with another_writer_holds_the_tokens():
+        started = time.monotonic()
+        response = with_token(secret).get(TOKENS_URL)
+        waited = time.monotonic() - started
+    assert response.status_code == 200, response.content
+    assert waited < 10, f"the note waited {waited:.1f} s for the lock"
+    assert ApiToken.objects.get().last_used_at is None  # left for the next call
+    assert any("last use is not recorded" in r.getMessage() for r in caplog.records)
+    assert with_token(secret).get(TOKENS_URL).status_code == 200
+    assert ApiToken.objects.get().last_used_at is not None
 
 
 # ---- listing and revoking -----------------------------------------------------------------------
