@@ -16,14 +16,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db import transaction
-
 from console.audit.entries import record
 from console.checks import devices, memory, ports
 from console.checks.base import Severity
 from console.checks.plan import PlanView
 from console.deployments.models import Deployment
-from console.deployments.plans import InstanceInput, PlanInput, save_plan, stored_pools
+from console.deployments.plans import (
+    InstanceInput,
+    PlanInput,
+    plan_transaction,
+    save_plan,
+    stored_pools,
+)
 
 # The checks a grown pool can fail; the others are about what every instance shares.
 GROWTH_CHECKS = (devices.device_conflict, ports.port_conflict, ports.port_bound)
@@ -46,7 +50,7 @@ class Resized:
 def resize(deployment: Deployment, role: str, target: int) -> Resized:
     """Set ``role``'s pool to ``target`` instances; raises ``Refused`` and changes nothing
     when the grown plan fails a check (raised inside the transaction, it rolls the edit back)."""
-    with transaction.atomic():
+    with plan_transaction(PlanInput(), deployment):
         # The caller's copy may be as old as its evaluation; the plan edit saves every
         # field, and a stale copy would undo a stop or an edit made since.
         fresh = Deployment.objects.select_for_update().get(pk=deployment.pk)

@@ -25,7 +25,7 @@ from console.control.kv_storage import remove_deployment_kv_dirs
 from console.control.worker_specs import chat_template_path
 from console.deployments.engine_args import FIELD, check_engine_args
 from console.deployments.models import Deployment
-from console.deployments.plans import PlanInput, PoolInput, save_plan
+from console.deployments.plans import PlanInput, PoolInput, plan_transaction, save_plan
 from console.fleet.services import local_node
 from console.gateway.services import keys_file_path
 from console.quality import services as quality
@@ -140,7 +140,7 @@ def save(data: PlanInput, deployment: Deployment | None = None,
         _check_engine_args(data, deployment, user)
     live = _running_revision(deployment)
     try:
-        with transaction.atomic():
+        with plan_transaction(data, deployment):
             before = plan_record(deployment) if deployment is not None else {}
             saved = save_plan(data, deployment)
             if live is not None:
@@ -212,7 +212,7 @@ def _draft(data: PlanInput, deployment: Deployment, live: Revision, spec: dict[s
         restored.pools = {role: PoolInput(
             variant=kept[live.spec["pools"][role]["variant"]] if role in variants
             else pool.variant, instances=pool.instances) for role, pool in data.pools.items()}
-    with transaction.atomic():
+    with plan_transaction(restored, deployment):
         locked = Deployment.objects.select_for_update().get(pk=deployment.pk)
         before = plan_record(locked)
         with transaction.atomic():
@@ -250,7 +250,7 @@ def _check_new_roles(spec: dict[str, Any], live: Revision) -> None:
 
 def preview(data: PlanInput, deployment: Deployment | None = None) -> Report:
     """The checks of a plan as it would be saved, without saving it (the form's live table)."""
-    with transaction.atomic():
+    with plan_transaction(data, deployment):
         report = run_checks(save_plan(data, deployment))
         transaction.set_rollback(True)
     return report

@@ -22,7 +22,8 @@ supervisor killed mid-rollout is replaced by one that goes on from the same row:
 
 The router's groups and weights are made equal to the stored ones on every tick, so a router
 restarted mid-rollout gets green's group back (rollout_router.py); the in-place strategy's
-pair-by-pair hand-over is in rollout_in_place.py.
+pair-by-pair hand-over is in rollout_in_place.py, the gate's thread in rollout_gate.py, the
+analysis windows in rollout_windows.py and the promotion in rollout_promotion.py.
 """
 
 from __future__ import annotations
@@ -32,30 +33,28 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
 
-from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from console.audit.actors import acting_as
 from console.audit.models import AuditEntry
+from console.control.rollout_gate import GreenGate
 from console.control.rollout_in_place import InPlace
+from console.control.rollout_promotion import promote
 from console.control.rollout_router import RouterGroups
-from console.control.worker_specs import ProcessSpec, green_slot, green_specs, green_workers
+from console.control.rollout_windows import AnalysisWindows, Window
+from console.control.worker_specs import ProcessSpec, green_specs
+from console.deployments import engine_args
 from console.deployments.models import Deployment
-from console.deployments.plans import save_plan
 from console.gateway.router_admin import AdminUnreadable
-from console.quality.gates import evaluate
 from console.quality.models import GateResult
-from console.rollouts import analysis, green_progress, revisions
+from console.rollouts import analysis, green_progress
 from console.rollouts.machine import broadcast, move
-from console.rollouts.models import AnalysisRun, Revision, Rollout
+from console.rollouts.models import Revision, Rollout
 from console.rollouts.services import DEFAULT_MAX_INCONCLUSIVE_S
 from console.supervisor.engine import Child
 from console.supervisor.models import ManagedProcess
-from inference.output_gate import Thresholds
 
 log = logging.getLogger("pdserve.rollouts")
 # How services.promote's transitions begin (warm then skips waiting on the analysis).
@@ -65,18 +64,7 @@ Strategy = Rollout.Strategy
 
 
 @dataclass
-class Window:
-    """An analysis window being collected: it opened at ``opened`` (monotonic) with ``scrape``;
-    ``checked``: when its requests were last counted (every interval while it grows)."""
-
-    opened: float
-    scrape: analysis.Scrape
-    opened_at: datetime
-    checked: float
-
-
-@dataclass
-class RolloutRunner(RouterGroups, InPlace):
+class RolloutRunner(RouterGroups, InPlace, GreenGate, AnalysisWindows):
     # rollout id -> the gate thread scoring its green
     gates: dict[int, threading.Thread] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -161,6 +149,9 @@ class RolloutRunner(RouterGroups, InPlace):
 
     # ---- states --------------------------------------------------------------------------
     def _starting(self, rollout: Rollout) -> bool:
+        # The promotion will check green's engine flags with vLLM's parser: imported now,
+        # beside green's start, not at the promotion.
+        engine_args.load_parser_in_background(rollout.green.spec.get(engine_args.FIELD))
         states = self._green_states(rollout)
         if states and set(states.values()) == {ManagedProcess.State.READY}:
             self._follow_start(rollout)
@@ -297,7 +288,8 @@ class RolloutRunner(RouterGroups, InPlace):
     def _draining(self, rollout: Rollout, children: dict[int, Child]) -> bool:
         if not self._drained(rollout, rollout.blue.label):
             return False
-        self._promote(rollout, children)
+        promote(rollout, children)
+        self._close_window(rollout)
         return True
 
     def _rolling_back(self, rollout: Rollout) -> bool:
@@ -314,8 +306,14 @@ class RolloutRunner(RouterGroups, InPlace):
                 Revision.objects.filter(pk=rollout.green.pk).update(state=Revision.State.FAILED)
             move(rollout, State.ROLLED_BACK, f"rolled back: blue r{rollout.blue.number} serves "
                  f"everything; green's workers stop ({rollout.reason})"[:1000])
-        self.windows.pop(rollout.pk, None)
+        self._close_window(rollout)
         return True
+
+    def _close_window(self, rollout: Rollout) -> None:
+        """An ended rollout collects no more: its page stops showing a window."""
+        self.windows.pop(rollout.pk, None)
+        if rollout.progress.get("window"):
+            self._store_progress(rollout, window=None)
 
     # ---- steps and analysis --------------------------------------------------------------
     def _enter_step(self, rollout: Rollout, index: int, reason: str) -> None:
@@ -330,47 +328,6 @@ class RolloutRunner(RouterGroups, InPlace):
         if rollout.progress.get("window"):
             self._store_progress(rollout, window=None)
 
-    def _analyse(self, rollout: Rollout) -> str | None:
-        """Look at the current window every interval: once both sides have their minimum of
-        requests (or its bound ran out), store its verdict and return it; None while it is
-        collecting (or just opened). A window short of requests grows instead of holding the
-        step forever on 10 s windows; past ``max_inconclusive_s`` it is stored inconclusive
-        (the caller pauses the rollout)."""
-        now = self.clock()
-        opened = self.windows.get(rollout.pk)
-        if opened is not None and now - opened.checked < rollout.analysis["interval_s"]:
-            return None
-        if not self._router_ready(rollout.deployment):
-            # No router, no traffic to judge (the supervisor restarts it); the window starts
-            # again with the router's new counters.
-            self.windows.pop(rollout.pk, None)
-            return None
-        scrape = self._scrape(rollout.deployment)
-        if opened is None:
-            self.windows[rollout.pk] = Window(now, scrape, timezone.now(), now)
-            self._store_progress(rollout, window={"opened": timezone.now().isoformat(),
-                                                  "requests": {}})
-            return None
-        judgement = analysis.judge(opened.scrape, scrape, rollout.blue.label,
-                                   rollout.green.label, rollout.analysis,
-                                   baseline=self._baseline(rollout),
-                                   blue_serves=rollout.weights.get(rollout.blue.label, 0) > 0)
-        bound = rollout.analysis.get("max_inconclusive_s", DEFAULT_MAX_INCONCLUSIVE_S)
-        if judgement.verdict == analysis.INCONCLUSIVE and now - opened.opened < bound:
-            opened.checked = now
-            self._store_progress(rollout, window={"opened": opened.opened_at.isoformat(),
-                                                  "requests": judgement.requests})
-            return None
-        self.windows[rollout.pk] = Window(now, scrape, timezone.now(), now)
-        run = AnalysisRun.objects.create(rollout=rollout, step_index=rollout.step_index,
-                                         window_s=now - opened.opened, verdict=judgement.verdict,
-                                         metrics=judgement.metrics, requests=judgement.requests)
-        broadcast(analyses=[run])
-        if judgement.verdict == analysis.FAIL:
-            Rollout.objects.filter(pk=rollout.pk).update(failures=rollout.failures + 1)
-            rollout.failures += 1
-        return judgement.verdict
-
     def _failed_too_often(self, rollout: Rollout) -> bool:
         if rollout.failures <= rollout.analysis["failure_limit"]:
             return False
@@ -382,110 +339,6 @@ class RolloutRunner(RouterGroups, InPlace):
              weights=self._rollback_weights(rollout))
         self._sync_router(Rollout.objects.get(pk=rollout.pk))
         return True
-
-    @staticmethod
-    def _last_verdict(rollout: Rollout) -> str | None:
-        last = rollout.analyses.filter(step_index=rollout.step_index,
-                                       at__gte=rollout.step_since).order_by("-at", "-pk").first()
-        return last.verdict if last else None
-
-    @staticmethod
-    def _baseline(rollout: Rollout) -> dict[str, float | None] | None:
-        """Blue's measures from the last window in which it had enough requests, for windows
-        where it has none (green at 100%)."""
-        blue = rollout.blue.label
-        for run in rollout.analyses.order_by("-at", "-pk")[:50]:
-            if run.requests.get(blue, 0) >= rollout.analysis["min_requests"]:
-                values = {name: row.get("blue") for name, row in run.metrics.items()}
-                return {**values, "requests": run.requests[blue]}
-        return None
-
-    # ---- the gate ------------------------------------------------------------------------
-    def _gate_wanted(self, rollout: Rollout) -> bool:
-        spec = rollout.green.spec
-        if spec["gate_mode"] != Deployment.GateMode.AUTO:
-            return spec["gate_mode"] == Deployment.GateMode.ON
-        # As for a start (console/quality/services.gate_applies), on green's variants.
-        shadow = green_workers(rollout.deployment, rollout)
-        variants = {w.variant for w in shadow}
-        return len(variants) > 1 or any(v.is_quantized for v in variants)
-
-    def _run_gate(self, rollout_id: int) -> None:
-        try:
-            rollout = Rollout.objects.select_related("deployment__base_model", "to_revision").get(
-                pk=rollout_id)
-            spec = rollout.green.spec
-            candidates: dict[str, str] = {}
-            for worker in green_workers(rollout.deployment, rollout):
-                if rollout.strategy == Strategy.IN_PLACE and worker.index != rollout.step_index:
-                    continue  # in place, each pair is gated as it comes up
-                candidates.setdefault(f"{worker.role} {worker.variant.name}", worker.url)
-            log_path = (Path(settings.PDSERVE_LOG_DIR) / rollout.deployment.name
-                        / f"rollout-{rollout.pk}-gate-reference.log")
-            state, report, error, reference = evaluate(
-                rollout.deployment, candidates, spec["gate_prompts"],
-                Thresholds(min_agreement=spec["gate_min_agreement"],
-                           max_mean_delta=spec["gate_max_mean_delta"]),
-                f"rollout-{rollout.pk}-gate-reference", log_path, self.stopping)
-            if self.stopping.is_set() and state == GateResult.State.ERROR:
-                return  # cut short by the supervisor's stop: the next supervisor runs it again
-            if (rollout.deployment.gate_action == Deployment.GateAction.WARN
-                    and state != GateResult.State.PASSED):
-                report = {**report, "warned": True}
-                state_for_rollout = GateResult.State.PASSED
-            else:
-                state_for_rollout = state
-            Rollout.objects.filter(pk=rollout_id).update(gate={
-                "state": state_for_rollout, "verdict": state, "report": report,
-                "error": error[:1000], "reference": reference})
-            log.info("rollout #%d: green's gate %s %s", rollout_id, state, error)
-        except Exception:  # the rollout must not wait forever on a crashed thread
-            log.exception("rollout #%d: the gate crashed", rollout_id)
-            Rollout.objects.filter(pk=rollout_id).update(gate={
-                "state": GateResult.State.ERROR, "error": "the gate crashed; see the log"})
-        finally:
-            connection.close()
-
-    # ---- promotion -----------------------------------------------------------------------
-    def _promote(self, rollout: Rollout, children: dict[int, Child]) -> None:
-        """The plan becomes green's revision, on green's ports; the processes' slots follow, so
-        that the supervisor keeps green's workers as the plan's and stops blue's."""
-        deployment = Deployment.objects.get(pk=rollout.deployment_id)
-        renames: dict[int, str] = {}
-        with transaction.atomic():
-            data = revisions.plan_input(rollout.green.spec,
-                                        revisions.layout(deployment, rollout.green.spec))
-            for role, pool in data.pools.items():
-                for index, instance in enumerate(pool.instances):
-                    ports = rollout.green_ports[f"{role}-{index}"]
-                    instance.port = ports["port"]
-                    instance.side_channel_port = ports["side_channel_port"]
-            save_plan(data, deployment)
-            processes = ManagedProcess.objects.filter(deployment=deployment,
-                                                      kind=ManagedProcess.Kind.WORKER)
-            blue_slots = [p for p in processes if "@" not in p.slot]
-            green_suffix = f"@r{rollout.green.number}"
-            green_rows = [p for p in processes if p.slot.endswith(green_suffix)]
-            # Rows a slot will be renamed to that are left from earlier rollouts (stopped).
-            taken = {green_slot(p.slot, rollout.blue) for p in blue_slots}
-            processes.filter(slot__in=taken).exclude(
-                state__in=ManagedProcess.ALIVE_STATES).delete()
-            for row in blue_slots:
-                renames[row.pk] = green_slot(row.slot, rollout.blue)
-            for row in green_rows:
-                renames[row.pk] = row.slot.removesuffix(green_suffix)
-            for pk in renames:  # two passes: no new name meets an old one in the constraint
-                ManagedProcess.objects.filter(pk=pk).update(slot=f"~{pk}")
-            for pk, slot in renames.items():
-                ManagedProcess.objects.filter(pk=pk).update(slot=slot)
-            Revision.objects.filter(pk=rollout.blue.pk).update(state=Revision.State.RETIRED)
-            Revision.objects.filter(pk=rollout.green.pk).update(state=Revision.State.LIVE)
-            move(rollout, State.SUCCEEDED, f"r{rollout.green.number} is live; blue "
-                 f"r{rollout.blue.number}'s workers stop")
-        for pk, slot in renames.items():
-            if pk in children:
-                children[pk].slot = slot
-        self.windows.pop(rollout.pk, None)
 
     # ---- helpers ---------------------------------------------------------------------------
     @staticmethod

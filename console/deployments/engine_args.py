@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,37 @@ def keeping_environment() -> Iterator[None]:
         for name, value in before.items():
             if os.environ.get(name) != value:
                 os.environ[name] = value
+
+
+def load_parser(args: object) -> None:
+    """Import vLLM's parser now if checking ``args`` will need it. Call it before a write
+    transaction that validates them: the first import in a process takes tens of seconds, and
+    minutes on a saturated host; inside the transaction it held the database's write lock
+    (SQLite: a rollout's promotion under load failed every other writer, a GET included, with
+    "database is locked")."""
+    if not args:
+        return
+    # An engine that cannot be imported is not this function's to report: the field's
+    # validator, inside the transaction, refuses the flags naming why (given_flags).
+    with contextlib.suppress(ImportError):
+        serve_parser()
+
+
+def load_parser_in_background(args: object) -> None:
+    """load_parser on a thread of its own, once per process, for a caller that will need the
+    parser later and must not wait for it now: a rollout's promotion checks green's flags, and
+    the import made there, under a canary's load, delayed the promotion by over 2 minutes."""
+    if args:
+        _import_thread()
+
+
+@functools.cache
+def _import_thread() -> threading.Thread:
+    # Cached: one import thread per process, however often a caller asks (every tick).
+    thread = threading.Thread(target=load_parser, args=(True,), daemon=True,
+                              name="vllm-parser-import")
+    thread.start()
+    return thread
 
 
 @functools.cache

@@ -7,6 +7,8 @@ side-channel port, cores or GPU) are proposed here, free and without collisions.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from console.catalog.models import Variant
+from console.deployments import engine_args
 from console.deployments.models import Deployment, WorkerPlan
 from console.deployments.placement import Ledger
 from console.fleet.models import Node
@@ -63,6 +66,18 @@ def pool_errors(mode: str, pools: dict[str, PoolInput]) -> dict[str, str]:
         if role not in wanted:
             errors[role] = f"a {mode} plan has no {role} pool"
     return errors
+
+
+@contextlib.contextmanager
+def plan_transaction(data: PlanInput, deployment: Deployment | None) -> Iterator[None]:
+    """The write transaction of a caller that saves ``data``: what validating it imports (vLLM's
+    parser for the extra engine flags it sets, or the stored ones) is paid before the
+    transaction begins, so that no write lock is held through the import
+    (engine_args.load_parser says why)."""
+    stored = deployment.extra_engine_args if deployment is not None else None
+    engine_args.load_parser(data.fields.get(engine_args.FIELD, stored))
+    with transaction.atomic():
+        yield
 
 
 @transaction.atomic

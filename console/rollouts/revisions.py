@@ -26,6 +26,7 @@ from console.deployments.plans import (
     InstanceInput,
     PlanInput,
     PoolInput,
+    plan_transaction,
     save_plan,
     stored_pools,
 )
@@ -226,8 +227,8 @@ def check_spec(deployment: Deployment, spec: dict[str, Any]) -> Report:
     """The plan's validation and pre-flight checks of ``spec`` laid out on the deployment, in a
     transaction that is rolled back: nothing is saved. Raises ValidationError for an invalid
     spec; the report may still hold failed checks."""
-    with transaction.atomic():
-        data = plan_input(spec, layout(deployment, spec))
+    data = plan_input(spec, layout(deployment, spec))
+    with plan_transaction(data, deployment):
         # The ports are the plan's own where a role keeps its instances, proposed otherwise:
         # they only have to be valid here.
         current = stored_pools(deployment)

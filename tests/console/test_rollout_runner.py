@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from console.catalog.models import Variant
 from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import green_specs, kv_storage_path, process_specs
+from console.deployments import engine_args
 from console.deployments.models import Deployment
 from console.fleet.models import Node
 from console.rollouts import revisions, services
@@ -80,8 +83,14 @@ def test_a_new_runner_takes_a_stored_rollout_to_the_end_and_the_plan_becomes_gre
     rollout = _step(rollout)
     assert rollout.state == State.DRAINING
     green_ports = {slot: ports["port"] for slot, ports in rollout.green_ports.items()}
+    # A window still open from the last analysis (stored as the runner stores one).
+    rollout.progress = {**rollout.progress, "window": {"opened": "2026-12-04T09:00:00+00:00",
+                                                       "requests": {"1": 3, "2": 4}}}
+    Rollout.objects.filter(pk=rollout.pk).update(progress=rollout.progress)
     rollout = _step(rollout)
     assert rollout.state == State.SUCCEEDED
+    # Ended: no window shown as still collecting on its page.
+    assert Rollout.objects.get(pk=rollout.pk).progress.get("window") is None
     deployment = Deployment.objects.get(pk=rollout.deployment_id)
     assert {w.slot: w.port for w in deployment.workers.all()} == green_ports
     assert {w.variant.name for w in deployment.workers.all()} == {"green"}
@@ -98,6 +107,43 @@ def test_a_new_runner_takes_a_stored_rollout_to_the_end_and_the_plan_becomes_gre
                       "succeeded"]
     # The next start of the same plan is the same revision.
     assert revisions.ensure_live(deployment).number == 2
+
+
+def test_the_promotion_imports_vllm_s_parser_before_it_takes_the_database(
+        db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Green changes an engine flag, so the promotion's plan save checks it with vLLM's own
+    parser: its first build in a process (the import of vLLM, minutes on a saturated host) is
+    made before the promotion's write transaction. Under load it was made inside: SQLite's
+    write lock was held through it, and every other writer, a GET's token note included,
+    failed "database is locked"."""
+    deployment = _ready(make_startable(make_plan(tmp_path)))
+    draft, _ = revisions.create_draft(
+        deployment, {"gate_mode": "off", "extra_engine_args": ["--max-num-seqs", "64"]}, {},
+        None)
+    rollout = services.start(deployment, draft, "canary", None,
+                             steps=[{"weight": 100, "hold_s": 0}], scale_down_delay_s=0)
+    early: list[object] = []  # the import beside green's start, asked for, not made here
+    monkeypatch.setattr(engine_args, "load_parser_in_background", early.append)
+    _green_ready(rollout)
+    while rollout.state != State.DRAINING:
+        assert rollout.state not in Rollout.DONE_STATES, rollout.reason
+        rollout = _step(rollout)
+    assert early == [["--max-num-seqs", "64"]]
+    # A supervisor started since (or whose early import has not ended): no parser built yet.
+    built = engine_args.serve_parser
+    built.cache_clear()
+    depths: list[int] = []
+
+    def serve_parser() -> Any:
+        if built.cache_info().currsize == 0:
+            depths.append(len(connection.atomic_blocks))
+        return built()
+
+    monkeypatch.setattr(engine_args, "serve_parser", serve_parser)
+    outside = len(connection.atomic_blocks)  # the test's own transaction
+    assert _step(rollout).state == State.SUCCEEDED
+    assert Deployment.objects.get(pk=deployment.pk).extra_engine_args == ["--max-num-seqs", "64"]
+    assert depths == [outside], f"built at transaction depth {depths}, outside is {outside}"
 
 
 def test_stopped_rows_of_an_earlier_life_of_the_green_revision_do_not_hold_it_back(
