@@ -113,6 +113,11 @@
     }
   }
 
+  // At most 4 decimals, as the template's floatformat:"-4" shows a stored window.
+  function measure(v) {
+    return typeof v === "number" ? String(Number(v.toFixed(4))) : v;
+  }
+
   function showChecks(run) {
     const body = document.querySelector("#checks tbody");
     if (!body) return;
@@ -121,7 +126,7 @@
       let tr = document.getElementById("check-" + name);
       if (!tr) { tr = document.createElement("tr"); tr.id = "check-" + name; body.appendChild(tr); }
       tr.replaceChildren();
-      [name, row.verdict, row.green, row.blue, row.why].forEach(function (v) {
+      [name, row.verdict, measure(row.green), measure(row.blue), row.why].forEach(function (v) {
         const td = document.createElement("td");
         td.textContent = v == null ? "—" : String(v);
         tr.appendChild(td);
