@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
@@ -25,12 +26,17 @@ from console.supervisor.process_requests import ProcessFailed
 from console.supervisor.worker_keys import deployment_worker_key, process_key
 from inference.launch import LaunchError
 from inference.output_gate import (
+    DEFAULT_MAX_TOKENS,
+    REQUEST_TIMEOUT_S,
     GateError,
     ReferenceServer,
     Thresholds,
     load_prompts,
+    reference_answers,
     run_gate,
 )
+from inference.reference_cache import ReferenceAnswers
+from inference.worker_auth import WorkerKeys
 
 log = logging.getLogger("pdserve.quality")
 State = GateResult.State
@@ -133,18 +139,31 @@ def evaluate(deployment: Deployment, candidates: dict[str, str], prompt_count: i
                              max_model_len=deployment.max_model_len,
                              cache_dir=str(settings.PDSERVE_CACHE_DIR),
                              enforce_eager=settings.PDSERVE_ENFORCE_EAGER)
+    # The candidates are the deployment's workers (a rollout's green ones too).
+    keys: dict[str, str | None] = {url: deployment_worker_key(deployment.name)
+                                   for url in candidates.values()}
+    kept = ReferenceAnswers(settings.PDSERVE_CACHE_DIR, variant.path, dtype=deployment.dtype,
+                            enforce_eager=settings.PDSERVE_ENFORCE_EAGER,
+                            max_tokens=DEFAULT_MAX_TOKENS)
     try:
         prompts = load_prompts(prompt_count)
-        if stopping.is_set():
-            raise ProcessFailed("the supervisor is stopping")
-        with served(server, ManagedProcess.Kind.GATE_REFERENCE, slot, log_path) as process:
-            # The candidates are the deployment's workers (a rollout's green ones too).
-            keys = {url: deployment_worker_key(deployment.name) for url in candidates.values()}
-            report = run_gate(process.url, candidates, prompts, thresholds=thresholds,
-                              keys={**keys, process.url: process_key(process)})
-    except (GateError, LaunchError, ProcessFailed, OSError) as exc:
+        answers, how = kept.get(prompts), "kept"
+        if answers is None:
+            if stopping.is_set():
+                raise ProcessFailed("the supervisor is stopping")
+            # Released before the scoring: the candidates are scored against its answers.
+            with served(server, ManagedProcess.Kind.GATE_REFERENCE, slot, log_path) as process, \
+                    httpx.Client(timeout=REQUEST_TIMEOUT_S,
+                                 auth=WorkerKeys({process.url: process_key(process)})) as client:
+                answers = reference_answers(client, process.url, prompts, DEFAULT_MAX_TOKENS)
+            kept.put(prompts, answers)
+            how = "live"
+        report = run_gate("", candidates, prompts, thresholds=thresholds, answers=answers,
+                          keys=keys)
+    except (GateError, LaunchError, ProcessFailed, OSError, httpx.HTTPError) as exc:
         return State.ERROR, {}, f"{exc} (reference log: {log_path})", reference
-    return (State.PASSED if report.passed else State.FAILED, report.as_dict(), "", reference)
+    state = State.PASSED if report.passed else State.FAILED
+    return state, {**report.as_dict(), "reference_answers": how}, "", reference
 
 
 def workers_ready(deployment: Deployment) -> bool:

@@ -39,6 +39,7 @@ from inference.output_gate import (
     run_gate,
 )
 from inference.process_groups import is_same_process
+from inference.reference_cache import ReferenceAnswers
 from inference.variant_speed import measure as measure_speed
 from inference.worker_auth import bearer
 
@@ -130,16 +131,23 @@ def _measure(measurement: VariantMeasurement) -> dict[str, object]:
                       log_dir / f"{measurement.pk}-{name}.log")
 
     prompts = load_prompts(DEFAULT_PROMPTS)
-    answers = None
-    if reference.pk != variant.pk:
+    # The reference's answers, kept from an earlier gate or measurement of this base model
+    # (inference/reference_cache.py): then no reference server starts.
+    kept = ReferenceAnswers(settings.PDSERVE_CACHE_DIR, reference.path, dtype=measurement.dtype,
+                            enforce_eager=settings.PDSERVE_ENFORCE_EAGER,
+                            max_tokens=DEFAULT_MAX_TOKENS)
+    answers = kept.get(prompts)
+    if answers is None and reference.pk != variant.pk:
         with server(reference.path, "reference", "reference") as process, \
                 httpx.Client(timeout=300, headers=bearer(process_key(process))) as client:
             answers = reference_answers(client, process.url, prompts, DEFAULT_MAX_TOKENS)
+        kept.put(prompts, answers)
     with server(variant.path, "variant", variant.name) as process:
         url, key = process.url, process_key(process)
         if answers is None:  # the variant is the reference: it answers and is scored itself
             with httpx.Client(timeout=300, headers=bearer(key)) as client:
                 answers = reference_answers(client, url, prompts, DEFAULT_MAX_TOKENS)
+            kept.put(prompts, answers)
         speed = measure_speed(url, PREFILL_TOKENS, key=key)
         report = run_gate(url, {str(variant): url}, prompts, answers=answers, keys={url: key})
     return {"reference": f"{reference} ({measurement.dtype})", "prompt_tokens": speed.prefill_tokens,

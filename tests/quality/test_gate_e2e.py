@@ -230,6 +230,9 @@ def test_the_gate_passes_before_the_router_starts(stack: GateStack, plan: dict[s
 
     gate = stack.wait(f"{path}gate", gate_done)["latest"]
     assert gate["state"] == "passed", (gate["error"], gate["reasons"])
+    # The first gate of this reference asks a live reference server; the next one reuses its
+    # answers (inference/reference_cache.py).
+    assert gate["report"]["reference_answers"] == "live"
     assert {c["label"] for c in gate["report"]["candidates"]} == {"prefill-0 (w8a8)",
                                                                  "decode-0 (w4a16)"}
     assert gate["totals"]["agreement"] >= MIN_AGREEMENT
@@ -251,6 +254,8 @@ def test_a_damaged_decode_variant_is_caught_block_keeps_the_router_off_warn_serv
     assert stack.call("POST", f"/api/v1/deployments/{plan['id']}/start").status_code == 202
     gate = stack.wait(f"{path}gate", gate_done)["latest"]
     assert gate["state"] == "failed", (gate["error"], gate["reasons"])
+    # No reference server this time: the previous test's answers were kept.
+    assert gate["report"]["reference_answers"] == "kept"
     totals = {c["label"]: c["totals"]["agreement"] for c in gate["report"]["candidates"]}
     assert totals["decode-0 (broken)"] < MIN_AGREEMENT <= totals["prefill-0 (w8a8)"]
     assert any("decode-0 (broken)" in reason for reason in gate["reasons"])

@@ -4,6 +4,7 @@ console, supervisor and Celery worker and the tiny random-weight Llama."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,8 +13,10 @@ from typing import Any
 import psutil
 import pytest
 
+from inference import reference_cache
 from tests.console.sockets import free_port, wait_for
 from tests.quant.conftest import REPO, QuantStack
+from tests.tiny_llama import TEST_CACHE_DIR
 
 pytestmark = pytest.mark.vllm
 
@@ -47,6 +50,11 @@ def test_a_gate_whose_supervisor_is_killed_loses_its_reference_and_runs_again(
     })
     assert created["checks"]["ok"], created["checks"]
     deployment = created["id"]
+    # This gate must ask a live reference server: answers an earlier gate or measurement of the
+    # tiny model kept (inference/reference_cache.py) would spare it one.
+    kept = TEST_CACHE_DIR / reference_cache.SUBDIR
+    if kept.exists():
+        shutil.rmtree(kept)
     try:
         call(quant_stack, "POST", f"/api/v1/deployments/{deployment}/start")
         # Mid-gate: both workers ready, the reference server started by the supervisor.
