@@ -34,46 +34,21 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import serve_client  # noqa: E402
 from bench.pd_serving import require_free_ports, start, stop, wait_ready  # noqa: E402
 from inference.launch import WorkerSpec, build_command  # noqa: E402
 
 SINGLE_PORT, PREFILL_PORT, DECODE_PORT = 8320, 8120, 8220
 NAIVE_PORT, ADAPTIVE_PORT = 8091, 8092
 SERVED = "smollm2"
-# vLLM's benchmark client, from its module (see the module docstring).
-CLIENT = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-          "from vllm.benchmarks.serve import add_cli_args, main; "
-          "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
-
-
 def client(url: str, args: argparse.Namespace, out: Path, *, input_len: int, output_len: int,
            num_prompts: int, seed: int, rate: float | None = None,
            concurrency: int | None = None) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-c", CLIENT, "--backend", "openai", "--base-url", url,
-            "--endpoint", "/v1/completions", "--model", SERVED, "--tokenizer", args.model,
-            "--dataset-name", "random", "--random-input-len", str(input_len),
-            "--random-output-len", str(output_len), "--random-range-ratio", "0",
-            "--num-prompts", str(num_prompts), "--ignore-eos", "--seed", str(seed),
-            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
-            "--ready-check-timeout-sec", "0", "--disable-tqdm", "--save-result",
-            "--result-dir", str(out.parent), "--result-filename", out.name,
-            "--request-rate", "inf" if rate is None else str(rate)]
-    if concurrency is not None:
-        argv += ["--max-concurrency", str(concurrency)]
-    log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                            env={"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1",
-                                 "PATH": "/usr/bin:/bin"})
+    return serve_client.start(url, SERVED, args.model, serve_client.Workload(
+        input_len, output_len, num_prompts, seed, rate, concurrency), out)
 
 
-def finish(process: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
-    if process.wait() != 0 or not out.exists():
-        raise RuntimeError(f"benchmark client failed; see {out.with_suffix('.log')}")
-    result: dict[str, Any] = json.loads(out.read_text())
-    failed = result.get("num_prompts", 0) - result.get("completed", 0)
-    if failed:
-        raise RuntimeError(f"{failed} requests failed; see {out.with_suffix('.log')}")
-    return result
+finish = serve_client.finish
 
 
 def warm_up(url: str) -> None:
