@@ -60,7 +60,8 @@ FAKE_SERVER = (
 )
 
 
-def test_the_summary_counts_the_vllm_servers_each_suite_started(pytester: pytest.Pytester) -> None:
+def run_with_a_server(pytester: pytest.Pytester) -> pytest.RunResult:
+    """A run of one quick unit test and one e2e test that starts the stand-in server."""
     pytester.makepyfile(**{
         "tests/unit/test_fast.py": "def test_one():\n    pass\n",
         "tests/e2e/test_server.py": FAKE_SERVER,
@@ -68,6 +69,11 @@ def test_the_summary_counts_the_vllm_servers_each_suite_started(pytester: pytest
     result = pytester.runpytest("-p", "tests.suite_times", "-p", "no:cacheprovider",
                                 "-p", "no:django", "-p", "no:asyncio")
     result.assert_outcomes(passed=2)
+    return result
+
+
+def test_the_summary_counts_the_vllm_servers_each_suite_started(pytester: pytest.Pytester) -> None:
+    result = run_with_a_server(pytester)
     result.stdout.fnmatch_lines(["suite * tests * wall * summed *vllm *starting"])
     rows = {match[1]: (int(match[2]), float(match[3]))
             for line in result.stdout.lines
@@ -77,3 +83,16 @@ def test_the_summary_counts_the_vllm_servers_each_suite_started(pytester: pytest
     assert rows["e2e"][0] == 1 and rows["all"][0] == 1
     # Listening came 0.5 s after the start; the watch polls once a second.
     assert 0.4 <= rows["e2e"][1] <= 2.5
+
+
+def test_the_summary_names_the_costliest_files_with_their_servers(
+        pytester: pytest.Pytester) -> None:
+    result = run_with_a_server(pytester)
+    result.stdout.fnmatch_lines(["*= the 2 costliest test files =*", "file * tests * summed *"])
+    rows = {match[1]: (float(match[2]), int(match[3]))
+            for line in result.stdout.lines
+            if (match := re.fullmatch(r"(tests/\S+\.py)\s+\d+\s+([\d.]+)s\s+(\d+)\s+[\d.]+s",
+                                      line))}
+    assert list(rows) == ["tests/e2e/test_server.py", "tests/unit/test_fast.py"]
+    assert rows["tests/e2e/test_server.py"][0] >= 2.5 and rows["tests/e2e/test_server.py"][1] == 1
+    assert rows["tests/unit/test_fast.py"][1] == 0
