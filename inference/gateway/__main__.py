@@ -1,0 +1,3 @@
+from inference.gateway.server import main
+
+raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""The gateway's configuration: which deployments exist and where their routers listen, the
+aliases over them, and the inference keys with the deployments each may use (hashes only).
+
+It arrives as JSON, from ``--config-file`` at start and from ``PUT /admin/config`` at run time::
+
+    {"version": "3f2a...", "require_key": true,
+     "deployments": [{"name": "smollm2", "served_model_name": "smollm2-135m",
+                      "router": "http://127.0.0.1:8080", "state": "running", "team": "default",
+                      "require_key": true}],
+     "aliases": [{"name": "chat", "targets": ["smollm2", "other"]}],
+     "keys": [{"id": 3, "prefix": "ab12cd34", "hash": "<sha256 hex>", "state": "active",
+               "deployments": ["smollm2"]}]}
+
+``router`` is null while a deployment has no running router. A deployment's ``require_key``
+(optional, the top-level value by default) false leaves it open, as its own router is: any
+caller may use it, with a key or none. The top-level ``require_key`` true refuses every request
+without a valid key. An alias's targets are deployment names in fallback order. Fields not
+named here are ignored, so that the console may send more than this gateway reads. Everything
+is checked before anything is used: a configuration is taken whole or refused whole, with a
+RequestError naming the offending field by its JSON path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from yarl import URL
+
+from inference.router.keys import PREFIX_LEN
+from inference.router.prompts import RequestError
+
+KEY_STATES = ("active", "revoked")
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    name: str
+    served_model_name: str
+    router: str | None  # base URL without a trailing slash; None: no router running
+    state: str
+    team: str
+    require_key: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    name: str
+    targets: tuple[str, ...]  # deployment names, in fallback order
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    id: str
+    prefix: str
+    hash: str  # lower-case SHA-256 hex of the whole key
+    state: str
+    deployments: frozenset[str]  # the names of the deployments the key may use
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    version: str = ""
+    require_key: bool = False
+    deployments: tuple[Deployment, ...] = ()
+    aliases: tuple[Alias, ...] = ()
+    keys: tuple[Key, ...] = ()
+
+
+def parse_config(data: Any) -> GatewayConfig:
+    """Validate a configuration; raises RequestError (400) naming the offending field."""
+    if not isinstance(data, dict):
+        raise RequestError(400, "the configuration must be a JSON object")
+    version = data.get("version", "")
+    if not isinstance(version, str):
+        raise RequestError(400, "'version' must be a string", param="version")
+    require_key = data.get("require_key", False)
+    if not isinstance(require_key, bool):
+        raise RequestError(400, "'require_key' must be a boolean", param="require_key")
+    deployments = _deployments(_list(data, "deployments", required=True), require_key)
+    names = {deployment.name for deployment in deployments}
+    served = {deployment.served_model_name for deployment in deployments}
+    aliases = _aliases(_list(data, "aliases"), names, served)
+    keys = _keys(_list(data, "keys"), names)
+    return GatewayConfig(version, require_key, deployments, aliases, keys)
+
+
+def load_config_file(path: str | Path) -> GatewayConfig:
+    """The configuration in ``path``; ValueError naming --config-file and what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--config-file: cannot read {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"--config-file: {path} is not JSON: {exc}") from exc
+    try:
+        return parse_config(data)
+    except RequestError as exc:
+        where = f" (at {exc.param})" if exc.param else ""
+        raise ValueError(f"--config-file: {path}: {exc.message}{where}") from exc
+
+
+def _list(data: dict[str, Any], name: str, required: bool = False) -> list[Any]:
+    value = data.get(name)
+    if value is None and not required:
+        return []
+    if not isinstance(value, list):
+        raise RequestError(400, f"'{name}' must be a list", param=name)
+    return value
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RequestError(400, f"'{where}' must be an object", param=where)
+    return value
+
+
+def _name(entry: dict[str, Any], field: str, where: str) -> str:
+    value = entry.get(field)
+    if not isinstance(value, str) or not value:
+        raise RequestError(400, f"'{where}.{field}' must be a non-empty string", param=f"{where}.{field}")
+    return value
+
+
+def _text(entry: dict[str, Any], field: str, where: str) -> str:
+    value = entry.get(field)
+    if not isinstance(value, str):
+        raise RequestError(400, f"'{where}.{field}' must be a string", param=f"{where}.{field}")
+    return value
+
+
+def _router_url(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    param = f"{where}.router"
+    if not isinstance(value, str):
+        raise RequestError(400, f"'{param}' must be a URL or null", param=param)
+    try:
+        url = URL(value)
+    except ValueError as exc:
+        raise RequestError(400, f"'{param}' is not a URL: {exc}", param=param) from None
+    # Request paths are appended to it as they come: a path, query or fragment of its own would
+    # send them somewhere else than the router's /v1.
+    if (url.scheme not in ("http", "https") or not url.host or url.path not in ("", "/")
+            or url.query_string or url.fragment or url.user is not None):
+        raise RequestError(400, f"'{param}' must be an http(s) base URL such as "
+                                f"http://127.0.0.1:8080, not {value!r}", param=param)
+    return value.rstrip("/")
+
+
+def _deployments(entries: list[Any], require_key: bool) -> tuple[Deployment, ...]:
+    deployments: list[Deployment] = []
+    names: set[str] = set()
+    served: set[str] = set()
+    for index, raw in enumerate(entries):
+        where = f"deployments[{index}]"
+        entry = _object(raw, where)
+        name = _name(entry, "name", where)
+        if name in names:
+            raise RequestError(400, f"deployment name {name!r} appears twice", param=f"{where}.name")
+        # Several deployments may serve one name (each team its own copy, or a second
+        # deployment of a model): the name routes to all of them, in this order, each caller
+        # reaching those its key opens.
+        served_name = _name(entry, "served_model_name", where)
+        if "router" not in entry:
+            raise RequestError(400, f"'{where}.router' is required (null when no router runs)",
+                               param=f"{where}.router")
+        router = _router_url(entry["router"], where)
+        closed = entry.get("require_key", require_key)
+        if not isinstance(closed, bool):
+            raise RequestError(400, f"'{where}.require_key' must be a boolean",
+                               param=f"{where}.require_key")
+        deployments.append(Deployment(name, served_name, router, _text(entry, "state", where),
+                                      _text(entry, "team", where), closed))
+        names.add(name)
+        served.add(served_name)
+    return tuple(deployments)
+
+
+def _aliases(entries: list[Any], names: set[str], served: set[str]) -> tuple[Alias, ...]:
+    aliases: list[Alias] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(entries):
+        where = f"aliases[{index}]"
+        entry = _object(raw, where)
+        name = _name(entry, "name", where)
+        if name in served:
+            # Else one model name would mean two things: the deployment or the alias.
+            raise RequestError(400, f"alias {name!r} is a deployment's served model name",
+                               param=f"{where}.name")
+        if name in seen:
+            raise RequestError(400, f"alias {name!r} appears twice", param=f"{where}.name")
+        targets = entry.get("targets")
+        if not isinstance(targets, list) or not targets:
+            raise RequestError(400, f"'{where}.targets' must be a non-empty list of deployment names",
+                               param=f"{where}.targets")
+        for position, target in enumerate(targets):
+            param = f"{where}.targets[{position}]"
+            if not isinstance(target, str) or target not in names:
+                raise RequestError(400, f"'{param}': no deployment named {target!r}", param=param)
+            if target in targets[:position]:
+                raise RequestError(400, f"'{param}': {target!r} is a target already", param=param)
+        aliases.append(Alias(name, tuple(targets)))
+        seen.add(name)
+    return tuple(aliases)
+
+
+def _keys(entries: list[Any], names: set[str]) -> tuple[Key, ...]:
+    keys: list[Key] = []
+    prefixes: set[str] = set()
+    for index, raw in enumerate(entries):
+        where = f"keys[{index}]"
+        entry = _object(raw, where)
+        key_id = entry.get("id")
+        if not isinstance(key_id, (int, str)) or isinstance(key_id, bool) or key_id == "":
+            raise RequestError(400, f"'{where}.id' must be an integer or a string", param=f"{where}.id")
+        prefix = entry.get("prefix")
+        if not isinstance(prefix, str) or len(prefix) != PREFIX_LEN or "_" in prefix:
+            raise RequestError(400, f"'{where}.prefix' must be {PREFIX_LEN} characters without '_'",
+                               param=f"{where}.prefix")
+        if prefix in prefixes:
+            raise RequestError(400, f"key prefix {prefix!r} appears twice", param=f"{where}.prefix")
+        digest = entry.get("hash")
+        if not isinstance(digest, str) or len(digest) != 64 or not HEX_DIGITS.issuperset(digest):
+            raise RequestError(400, f"'{where}.hash' must be a SHA-256 hex digest", param=f"{where}.hash")
+        state = entry.get("state")
+        if state not in KEY_STATES:
+            raise RequestError(400, f"'{where}.state' must be one of {', '.join(KEY_STATES)}",
+                               param=f"{where}.state")
+        allowed = entry.get("deployments")
+        if not isinstance(allowed, list):
+            raise RequestError(400, f"'{where}.deployments' must be a list of deployment names",
+                               param=f"{where}.deployments")
+        for position, name in enumerate(allowed):
+            if not isinstance(name, str) or name not in names:
+                param = f"{where}.deployments[{position}]"
+                raise RequestError(400, f"'{param}': no deployment named {name!r}", param=param)
+        keys.append(Key(str(key_id), prefix, digest.lower(), state, frozenset(allowed)))
+        prefixes.add(prefix)
+    return tuple(keys)
