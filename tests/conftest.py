@@ -25,6 +25,9 @@ os.environ["PDSERVE_ENFORCE_EAGER"] = "1"
 # silent for 3 minutes is hung (settings.PDSERVE_START_STALL_S), and is started again in time
 # for the tests that wait on it (a rollout waits 10 minutes for green).
 os.environ["PDSERVE_START_STALL_S"] = "180"
+# No gateway unless a test asks for one (console/gateway/gateway_process.py): every console a
+# test starts would otherwise bind the same port, 8090, and tests run several at once.
+os.environ["PDSERVE_GATEWAY_PORT"] = "0"
 
 pytest_plugins = ["tests.suite_times"]
 early_teardown.register("borrowed", "tests", shutdown)

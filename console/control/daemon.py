@@ -30,6 +30,8 @@ from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import ProcessSpec, kv_channel, process_specs
 from console.deployments.models import Deployment
 from console.fleet.services import agent_node_ids, refresh_agent_node, refresh_local_node
+from console.gateway import gateway_process
+from console.gateway.routes_config import gateway_config
 from console.live.broadcast import log_messages, send_all
 from console.live.collector import MetricsCollector, ScrapeTarget
 from console.live.logstore import LogStore
@@ -147,14 +149,32 @@ class Supervisor(ProcessEngine):
                     continue
                 self._spawn(deployment, spec, fresh_start=fresh_start)
                 did = True
+        if not self.is_agent and gateway_process.enabled():
+            running_slots.add((None, gateway_process.SLOT))
+            did = self._keep_gateway() or did
         for child in list(self.children.values()):
             if child.kind not in ManagedProcess.PLANNED_KINDS:
                 continue  # requested processes stop on their requester's word
             if (child.deployment_id, child.slot) not in running_slots and child.stop_deadline is None:
-                if self._drained(child):
+                if child.deployment_id is None or self._drained(child):
                     self.stop(child)
                     did = True
         return did
+
+    def _keep_gateway(self) -> bool:
+        """Start the gateway when it does not run, with the configuration of this moment in its
+        file; the key sync keeps it current from then on (console/gateway/sync.py)."""
+        if self._child_for(None, gateway_process.SLOT) is not None:
+            return False
+        backoff = self.backoff.get((None, gateway_process.SLOT))
+        if backoff is not None and time.monotonic() < backoff.retry_at:
+            return False
+        gateway_process.write_config(gateway_config())
+        spec = ProcessSpec(slot=gateway_process.SLOT, role=gateway_process.ROLE,
+                           port=settings.PDSERVE_GATEWAY_PORT, argv=gateway_process.command(),
+                           env=gateway_process.environment(), host=gateway_process.host())
+        self._spawn(None, spec)
+        return True
 
     def _drained(self, child: Child) -> bool:
         """A worker that left a running plan is stopped only once its router has drained it."""
@@ -232,7 +252,8 @@ class Supervisor(ProcessEngine):
         # A copy: the tick adds and removes children while the collector iterates.
         children = self.children.copy()
         targets = [ScrapeTarget(child.record_id, child.popen.pid) for child in children.values()
-                   if child.stop_deadline is None and child.kind in ManagedProcess.PLANNED_KINDS]
+                   if child.stop_deadline is None and child.kind in ManagedProcess.PLANNED_KINDS
+                   and child.deployment_id is not None]
         if self.is_agent:
             return targets
         # The console's collector scrapes the other nodes' workers too, over the network: a
@@ -265,15 +286,22 @@ class Supervisor(ProcessEngine):
         self.http.close()
 
     # ---- helpers -----------------------------------------------------------------------
-    def _child_for(self, deployment_id: int, slot: str) -> Child | None:
+    def _child_for(self, deployment_id: int | None, slot: str) -> Child | None:
         for child in self.children.values():
             if child.deployment_id == deployment_id and child.slot == slot:
                 return child
         return None
 
-    def _spawn(self, deployment: Deployment, spec: ProcessSpec, fresh_start: bool = False) -> None:
-        log_path = self.log_dir / deployment.name / f"{spec.slot}.log"
-        kind = ManagedProcess.Kind.ROUTER if spec.role == "router" else ManagedProcess.Kind.WORKER
+    def _spawn(self, deployment: Deployment | None, spec: ProcessSpec,
+               fresh_start: bool = False) -> None:
+        """A deployment's worker or router, or with no deployment the gateway."""
+        if deployment is None:
+            log_path = self.log_dir / f"{spec.slot}.log"  # deployments' logs are directories
+            kind = ManagedProcess.Kind.GATEWAY
+        else:
+            log_path = self.log_dir / deployment.name / f"{spec.slot}.log"
+            kind = (ManagedProcess.Kind.ROUTER if spec.role == "router"
+                    else ManagedProcess.Kind.WORKER)
         record, created = ManagedProcess.objects.update_or_create(
             deployment=deployment, slot=spec.slot,
             # No env: a router's carries its admin token, and the spec is at hand here anyway.

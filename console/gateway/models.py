@@ -61,3 +61,46 @@ class ApiKey(models.Model):
 
     def limits(self) -> dict[str, int | None]:
         return {name: getattr(self, name) for name in LIMIT_FIELDS}
+
+
+MODEL_NAME_HELP = ("the name clients send as 'model': letters, digits and . _ : / -, "
+                   "up to 100 characters")
+
+
+class ModelAlias(models.Model):
+    """Another name for one or more deployments at the gateway. With several targets they are
+    tried in order: the next serves when the one before has no running router or answers that
+    it cannot take the request (a fallback, as LiteLLM's ordered fallbacks)."""
+
+    name = models.CharField(max_length=100, unique=True, help_text=MODEL_NAME_HELP)
+    team = models.ForeignKey("accounts.Team", on_delete=models.PROTECT, related_name="aliases",
+                             default=default_team_id,
+                             help_text="the team whose deployments the alias names")
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def target_names(self) -> list[str]:
+        return [target.deployment.name for target in self.targets.all()]
+
+
+class AliasTarget(models.Model):
+    alias = models.ForeignKey(ModelAlias, on_delete=models.CASCADE, related_name="targets")
+    # A deleted deployment leaves its aliases (only a stopped deployment can be deleted, so
+    # the alias already served from the next target or answered that nothing runs).
+    deployment = models.ForeignKey("deployments.Deployment", on_delete=models.CASCADE,
+                                   related_name="alias_targets")
+    position = models.PositiveSmallIntegerField()
+
+    class Meta:
+        ordering = ["alias", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["alias", "position"], name="alias_target_position"),
+            models.UniqueConstraint(fields=["alias", "deployment"], name="alias_target_once"),
+        ]

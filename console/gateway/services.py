@@ -20,8 +20,10 @@ from django.utils import timezone
 from console.accounts.models import Team
 from console.audit.entries import record, snapshot
 from console.deployments.models import Deployment
+from console.gateway import gateway_process
 from console.gateway.models import LIMIT_FIELDS, ApiKey
 from console.gateway.router_admin import console_key, push_keys
+from console.gateway.routes_config import gateway_config, in_scope
 from inference.router.keys import key_hash, new_key, public_prefix
 
 # What the audit log shows of a key: never its hash.
@@ -94,12 +96,21 @@ def _publish() -> None:
     for deployment in Deployment.objects.all():
         write_keys_file(deployment)
         push_keys(deployment, key_set(deployment))
+    publish_gateway_config()
 
 
-def in_scope(key: ApiKey, deployment: Deployment) -> bool:
-    if key.all_deployments:
-        return key.team_id == deployment.team_id
-    return any(d.pk == deployment.pk for d in key.deployments.all())
+def gateway_changed() -> None:
+    """Once the change (an alias, a key) is committed: tell the gateway now rather than at the
+    sync's next round."""
+    transaction.on_commit(publish_gateway_config)
+
+
+def publish_gateway_config() -> None:
+    if not gateway_process.enabled():
+        return
+    config = gateway_config()
+    gateway_process.write_config(config)
+    gateway_process.push_config(config)
 
 
 def key_set(deployment: Deployment) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Keeping routers and the console in step, from the supervisor: every few seconds each running
+"""Keeping routers, the gateway and the console in step, from the supervisor: every few seconds
+the gateway's configuration is compared with the database (sync_gateway); each running
 router reports key usage (stored as ``last_used_at``) and the version of its key set; a router
 whose version is not the console's (it started while keys changed, or missed a push) gets the
 current set. A router whose usage cannot be read is skipped for the round, logged, and asked
@@ -12,7 +13,9 @@ import threading
 from django.db import connection
 
 from console.deployments.models import Deployment
+from console.gateway import gateway_process
 from console.gateway.router_admin import AdminUnreadable, fetch_usage, push_keys
+from console.gateway.routes_config import gateway_config
 from console.gateway.services import key_set, record_usage
 from console.supervisor.models import ManagedProcess
 
@@ -47,7 +50,29 @@ class KeySync:
                          usage["version"], wanted["version"])
                 # A failed push is logged there; the next round finds the version behind again.
                 push_keys(deployment, wanted)
+        self.sync_gateway()
         return answered
+
+    @staticmethod
+    def sync_gateway() -> None:
+        """The gateway's configuration follows the database: routers becoming ready or going,
+        deployments made or deleted, keys and aliases. Its file is kept current for a restart,
+        and a running gateway whose version differs gets the new one."""
+        if not gateway_process.enabled():
+            return
+        wanted = gateway_config()
+        gateway_process.write_config(wanted)
+        if not ManagedProcess.objects.filter(kind=ManagedProcess.Kind.GATEWAY,
+                                             state=ManagedProcess.State.READY).exists():
+            return  # a starting gateway reads the file
+        try:
+            running = gateway_process.running_version()
+        except AdminUnreadable as exc:
+            log.warning("gateway configuration unreadable (%s); asking again next round", exc)
+            return
+        if running != wanted["version"]:
+            log.info("gateway has configuration %r, not %r: pushing", running, wanted["version"])
+            gateway_process.push_config(wanted)
 
     def start(self) -> None:
         def loop() -> None:

@@ -415,12 +415,14 @@ def environment(record: ManagedProcess, env: dict[str, str]) -> dict[str, str]:
 
 def adoptable(record: ManagedProcess) -> bool:
     """A running process the next supervisor takes over: a deployment's worker or router while
-    the deployment should run, unless it was being stopped (anything else is stopped as an
-    orphan)."""
-    return (record.kind in ManagedProcess.PLANNED_KINDS and record.state != State.STOPPING
-            and record.deployment is not None
-            and record.deployment.desired_state == Deployment.DesiredState.RUNNING
-            and record.pid is not None and record.started_at is not None)
+    the deployment should run, and the gateway, unless it was being stopped (anything else is
+    stopped as an orphan)."""
+    if record.state == State.STOPPING or record.pid is None or record.started_at is None:
+        return False
+    if record.kind == ManagedProcess.Kind.GATEWAY:
+        return True  # the next supervisor's reconcile stops it if its settings turned it off
+    return (record.kind in ManagedProcess.PLANNED_KINDS and record.deployment is not None
+            and record.deployment.desired_state == Deployment.DesiredState.RUNNING)
 
 
 def exited(code: int | None) -> str:

@@ -25,14 +25,16 @@ class ManagedProcess(models.Model):
         GATE_REFERENCE = "gate-reference"
         MEASUREMENT = "measurement"
         BUILDER = "builder"
+        GATEWAY = "gateway"
 
     class Wanted(models.TextChoices):
         RUNNING = "running"
         STOPPED = "stopped"
 
     ALIVE_STATES = (State.STARTING, State.READY, State.STOPPING)
-    # Kinds of a deployment, kept running from its plan and restarted when they exit.
-    PLANNED_KINDS = (Kind.WORKER, Kind.ROUTER)
+    # Kept running and restarted when they exit: a deployment's from its plan, the gateway
+    # (no deployment) while the console's settings turn it on.
+    PLANNED_KINDS = (Kind.WORKER, Kind.ROUTER, Kind.GATEWAY)
 
     kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.WORKER)
     deployment = models.ForeignKey("deployments.Deployment", on_delete=models.CASCADE,

@@ -20,6 +20,14 @@ def fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def no_gateway(settings: Any) -> None:
+    # Settings were read before tests/conftest.py turned the gateway off for the processes
+    # tests start: off here too, or every supervisor a test ticks would start one on 8090.
+    # tests/console/test_gateway_process.py turns it on, on a port of its own.
+    settings.PDSERVE_GATEWAY_PORT = 0
+
+
 @pytest.fixture
 def owner(db: None) -> User:
     """The operator, created the way `manage.py bootstrap` creates the admin."""

@@ -113,6 +113,16 @@ CHANGES: dict[tuple[str, str], Change] = {
         "name": "k5", "team": str(w.alpha.pk), "deployments": [w.deployment.name]},
         "key.create"),
     ("keys/{pk}/revoke/", "post"): Change("operator", _none, "key.revoke"),
+    # aliases at the gateway
+    ("api/v1/aliases/", "post"): Change("operator", lambda w: {
+        "name": "a2", "team": "alpha", "targets": [w.deployment.name]}, "alias.create"),
+    ("api/v1/aliases/{pk}/", "put"): Change("operator", lambda w: {
+        "name": "a3", "targets": [w.deployment.name]}, "alias.edit"),
+    ("api/v1/aliases/{pk}/", "patch"): Change("operator", lambda w: {"name": "a4"}, "alias.edit"),
+    ("api/v1/aliases/{pk}/", "delete"): Change("operator", _none, "alias.delete"),
+    ("gateway/aliases/new/", "post"): Change("operator", lambda w: {
+        "name": "a5", "team": str(w.alpha.pk), "targets": w.deployment.name}, "alias.create"),
+    ("gateway/aliases/{pk}/delete/", "post"): Change("operator", _none, "alias.delete"),
     # measurements
     ("api/v1/measurements/", "post"): Change(
         "operator", lambda w: {"variant": w.variant.pk}, "measurement.start"),

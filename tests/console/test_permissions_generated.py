@@ -84,6 +84,8 @@ KINDS: dict[str, str] = {
     "api/v1/keys/": TEAM,
     "api/v1/keys/{pk}/": TEAM,
     "api/v1/keys/{pk}/revoke/": TEAM,
+    "api/v1/aliases/": TEAM,
+    "api/v1/aliases/{pk}/": TEAM,
     "api/v1/measurements/": SHARED,
     "api/v1/measurements/{pk}/": SHARED,
     "api/v1/models/": SHARED,
@@ -155,6 +157,9 @@ KINDS: dict[str, str] = {
     "keys/": TEAM,
     "keys/new/": TEAM,
     "keys/{pk}/revoke/": TEAM,
+    "gateway/": TEAM,
+    "gateway/aliases/new/": TEAM,
+    "gateway/aliases/{pk}/delete/": TEAM,
     "models/": SHARED,
     "models/jobs/": SHARED,
     "models/jobs/{pk}/cancel/": SHARED,
@@ -198,7 +203,7 @@ def values(world: World, template: str) -> dict[str, object]:
 def _value(world: World, resource: str, name: str) -> object:
     by_resource: dict[str, Any] = {
         "deployments": world.deployment.name if name == "name" else world.deployment.pk,
-        "keys": world.key.pk, "audit": world.entry_id,
+        "keys": world.key.pk, "aliases": world.alias.pk, "audit": world.entry_id,
         "teams": world.alpha.name if name == "name" else world.alpha.pk,
         "members": world.viewer.pk, "users": world.viewer.pk, "tokens": world.viewer_token_id,
         "models": world.base_model.pk, "variants": world.variant.pk, "jobs": world.job.pk,

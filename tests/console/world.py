@@ -23,6 +23,8 @@ from console.deployments.defaults import ensure_default_deployment
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
 from console.gateway.models import ApiKey
+from console.gateway.aliases import create_alias
+from console.gateway.models import ModelAlias
 from console.gateway.services import create_key
 from console.quality.models import GateResult, VariantMeasurement
 from console.rollouts import revisions as revision_store
@@ -48,6 +50,7 @@ class World:
     other_deployment: Deployment
     process: ManagedProcess
     key: ApiKey
+    alias: ModelAlias
     gate: GateResult
     base_model: BaseModel
     variant: Variant
@@ -161,6 +164,9 @@ def build_world(tmp_path: Path) -> World:
                             all_deployments=False, limits={}, user=users["admin"])
         create_key(name="bravo-key", team=bravo, deployments=[other], all_deployments=False,
                    limits={}, user=users["outsider"])
+        alias = create_alias(name="alpha-alias", team=alpha, targets=[deployment],
+                             user=users["admin"])
+        create_alias(name="bravo-alias", team=bravo, targets=[other], user=users["outsider"])
         entry = record("deployment.edit", deployment, before={"concurrency": 1},
                        after={"concurrency": 2})
     _process(other, 9102)
@@ -179,7 +185,7 @@ def build_world(tmp_path: Path) -> World:
     with acting_as("command", "world"):
         revision, rollout = _rolling(deployment, users["admin"])
     return World(alpha=alpha, bravo=bravo, **users, deployment=deployment, other_deployment=other,
-                 process=_process(deployment, 9002), key=key, gate=_gate(deployment),
+                 process=_process(deployment, 9002), key=key, alias=alias, gate=_gate(deployment),
                  base_model=deployment.base_model, variant=variant, node=node, job=job,
                  measurement=measurement, entry_id=entry.pk, tokens=tokens,
                  viewer_token_id=viewer_token_id,

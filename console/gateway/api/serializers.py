@@ -7,7 +7,7 @@ from rest_framework import serializers
 from console.accounts.models import Team
 from console.accounts.roles import visible
 from console.deployments.models import Deployment
-from console.gateway.models import LIMIT_FIELDS, ApiKey
+from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
@@ -71,3 +71,47 @@ class CreatedApiKeySerializer(ApiKeySerializer):
 
     def get_key(self, _obj: ApiKey) -> str:
         return str(self.context["secret"])
+
+
+class ModelAliasSerializer(serializers.ModelSerializer):
+    """An alias: its name at the gateway and the deployments it names, in fallback order."""
+
+    team = serializers.SlugRelatedField(
+        slug_field="name", queryset=Team.objects.all(), required=False,
+        help_text="the team whose deployments it names; default: the one team where you are "
+                  "operator")
+    # Written as names; read back by to_representation, in their order.
+    targets = serializers.ListField(
+        child=serializers.CharField(max_length=100), allow_empty=False, write_only=True,
+        help_text="deployment names, tried in this order (the next serves when one has no "
+                  "running router or cannot take the request)")
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = ModelAlias
+        fields = ["id", "name", "team", "targets", "created_at", "created_by"]
+        read_only_fields = ["created_at"]
+        # The name's rules and uniqueness are the service's (console/gateway/aliases.py).
+        extra_kwargs = {"name": {"validators": []}}
+
+    def to_representation(self, instance: ModelAlias) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["targets"] = instance.target_names()
+        return data
+
+    def validate_team(self, team: Team) -> Team:
+        if self.instance is not None and team.pk != self.instance.team_id:
+            raise serializers.ValidationError("an alias stays in its team; make a new one instead")
+        return team
+
+    def validate_targets(self, names: list[str]) -> list[Deployment]:
+        request = self.context.get("request")
+        deployments = Deployment.objects.all()
+        if request is not None:
+            # Names of deployments the caller cannot see are unknown names, not refusals.
+            deployments = visible(deployments, request.user)
+        found = {d.name: d for d in deployments.filter(name__in=names)}
+        unknown = [name for name in names if name not in found]
+        if unknown:
+            raise serializers.ValidationError(f"no such deployment: {', '.join(unknown)}")
+        return [found[name] for name in names]

@@ -14,8 +14,13 @@ from rest_framework.response import Response
 from console.accounts.models import Role
 from console.accounts.permissions import TeamRole
 from console.accounts.roles import team_to_create_in, visible
-from console.gateway.api.serializers import ApiKeySerializer, CreatedApiKeySerializer
-from console.gateway.models import LIMIT_FIELDS, ApiKey
+from console.gateway.aliases import create_alias, delete_alias, update_alias
+from console.gateway.api.serializers import (
+    ApiKeySerializer,
+    CreatedApiKeySerializer,
+    ModelAliasSerializer,
+)
+from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias
 from console.gateway.services import create_key, revoke_key, scope_errors, update_key
 
 
@@ -66,3 +71,40 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         """Revoke the key: every router refuses it from its next request on."""
         key = revoke_key(self.get_object())
         return Response(self.get_serializer(key).data)
+
+
+class ModelAliasViewSet(viewsets.ModelViewSet):
+    """Model aliases at the gateway: another name for one deployment, or an ordered list of
+    deployments tried in turn (fallbacks)."""
+
+    serializer_class = ModelAliasSerializer
+    permission_classes = [TeamRole]
+    team_roles = {"create": Role.OPERATOR, "update": Role.OPERATOR,
+                  "partial_update": Role.OPERATOR, "destroy": Role.OPERATOR}
+
+    def get_queryset(self) -> QuerySet[ModelAlias]:
+        return visible(ModelAlias.objects.select_related("team", "created_by").prefetch_related(
+            "targets__deployment"), self.request.user)
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            team = team_to_create_in(request.user, data.get("team"), Role.OPERATOR)
+            alias = create_alias(name=data["name"], team=team, targets=data["targets"],
+                                 user=request.user)
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from exc
+        return Response(self.get_serializer(alias).data, status=status.HTTP_201_CREATED)
+
+    def perform_update(self, serializer: ModelAliasSerializer) -> None:  # type: ignore[override]
+        data = serializer.validated_data
+        try:
+            serializer.instance = update_alias(serializer.instance, name=data.get("name"),
+                                               targets=data.get("targets"))
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from exc
+
+    def perform_destroy(self, instance: ModelAlias) -> None:
+        delete_alias(instance)

@@ -24,6 +24,7 @@ from console.audit.actors import acting_as
 from console.control import lifecycle
 from console.deployments.defaults import DEFAULT_DEPLOYMENT
 from console.deployments.models import Deployment
+from console.gateway import gateway_process
 from console.live.start_phase import current_phases
 from console.supervisor.models import ManagedProcess
 
@@ -160,6 +161,8 @@ class Command(BaseCommand):
             f"\npdserve: deployment {deployment.name} is ready after {elapsed:.0f} s\n"
             f"  console: http://{host}:{port}/\n"
             f"  router:  {deployment.router_url}/v1  (OpenAI-compatible)\n"
+            + (f"  gateway: {gateway_process.url()}/v1  (every deployment by its model name)\n"
+               if gateway_process.enabled() else "") +
             f"  try:     curl {deployment.router_url}/v1/chat/completions{auth} "
             f"-H 'Content-Type: application/json' -d '{{\"model\":\"{deployment.served_model_name}\","
             f"\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'\n"

@@ -1,0 +1,70 @@
+"""What the gateway is told (inference/gateway/config.py): every deployment with its served
+name, its router's address while that router is ready, and its state; the aliases with their
+ordered targets; the keys with the deployments each may use (hashes, never secrets).
+
+Built from the database on every sync round; its version is a hash of the rest, so the
+supervisor's sync pushes it only when something changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from console.deployments.models import Deployment
+from console.gateway.models import ApiKey, ModelAlias
+from console.supervisor.models import ManagedProcess
+
+
+def _router_address(deployment: Deployment) -> str:
+    host = deployment.router_host
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{deployment.router_port}"
+
+
+def _state(deployment: Deployment, router: ManagedProcess | None) -> str:
+    if deployment.desired_state != Deployment.DesiredState.RUNNING:
+        return "stopped"
+    if router is None:
+        return "starting"
+    return f"degraded (no {router.degraded})" if router.degraded else "running"
+
+
+def in_scope(key: ApiKey, deployment: Deployment) -> bool:
+    if key.all_deployments:
+        return key.team_id == deployment.team_id
+    return any(d.pk == deployment.pk for d in key.deployments.all())
+
+
+def gateway_config() -> dict[str, Any]:
+    deployments = list(Deployment.objects.select_related("team").order_by("pk"))
+    ready = {process.deployment_id: process for process in ManagedProcess.objects.filter(
+        role="router", state=ManagedProcess.State.READY, deployment__isnull=False).order_by()}
+    keys = list(ApiKey.objects.prefetch_related("deployments").order_by("pk"))
+    entries = []
+    for deployment in deployments:
+        router = ready.get(deployment.pk)
+        entries.append({
+            "name": deployment.name, "served_model_name": deployment.served_model_name,
+            "router": _router_address(deployment) if router is not None else None,
+            "state": _state(deployment, router), "team": deployment.team.name,
+            # As the deployment's own router decides: open until a key is made for it.
+            "require_key": any(in_scope(key, deployment) for key in keys),
+        })
+    served = {deployment.served_model_name for deployment in deployments}
+    # An alias whose name a deployment took later is left out: the served name wins (the
+    # gateway page says so), and the gateway refuses a configuration with both.
+    aliases = [{"name": alias.name, "targets": alias.target_names()}
+               for alias in ModelAlias.objects.prefetch_related("targets__deployment")
+               if alias.name not in served and alias.targets.all()]
+    key_entries = [{"id": key.pk, "prefix": key.prefix, "hash": key.key_hash,
+                    "state": "revoked" if key.revoked else "active",
+                    "deployments": [d.name for d in deployments if in_scope(key, d)]}
+                   for key in keys]
+    body = {"deployments": entries, "aliases": aliases, "keys": key_entries}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    return {"version": digest, **body}
