@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +198,22 @@ class Procs:
         # The router must not inherit a REDIS_URL meant for something else.
         env["REDIS_URL"] = args.redis_url if limits == "redis" else ""
         proc = self.spawn(name, argv, self.cores_router, env=env)
+        return f"http://127.0.0.1:{port}", psutil.Process(proc.pid)
+
+    def gateway(self, name: str, router: str, key: str) -> tuple[str, psutil.Process]:
+        """The gateway (python -m inference.gateway) in front of ``router``, on the router's
+        core: what one more hop costs against serving every deployment from one process."""
+        port = free_port()
+        config = self.logdir / f"{name}.json"
+        keys = [] if key == LEGACY_KEY else [{
+            "id": 1, "prefix": public_prefix(key), "hash": key_hash(key), "state": "active",
+            "deployments": ["bench"]}]
+        config.write_text(json.dumps({"version": "bench", "deployments": [{
+            "name": "bench", "served_model_name": MODEL, "router": router, "state": "running",
+            "team": "bench", "require_key": bool(keys)}], "aliases": [], "keys": keys}))
+        argv = [sys.executable, "-m", "inference.gateway", "--host", "127.0.0.1", "--port",
+                str(port), "--config-file", str(config)]
+        proc = self.spawn(name, argv, self.cores_router, env={"PYTHONUNBUFFERED": "1"})
         return f"http://127.0.0.1:{port}", psutil.Process(proc.pid)
 
     def stop(self) -> None:
@@ -357,6 +373,11 @@ class Setup:
     routed: Target
     router: psutil.Process
 
+    @property
+    def pd_router(self) -> str:
+        """The router's address: behind the gateway (--hop gateway) it is the direct target."""
+        return self.direct.router or self.routed.router or ""
+
 
 async def latency(setup: Setup, args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
     body = request_body(args, stream=True, stream_options={"include_usage": True})
@@ -383,7 +404,7 @@ async def latency(setup: Setup, args: argparse.Namespace, concurrency: int) -> d
         "itl_mean": {name: float(numpy.mean(v)) * 1000 for name, v in gaps.items()},
         "itl_p99": {name: pct(v, 99) for name, v in gaps.items()},
         "router_cpu_s_per_1k": 1000 * sum(r.router_cpu_s for r in rounds["router"]) / max(routed_requests, 1),
-        "pd_fallbacks": await pd_fallbacks(setup.routed.session, setup.routed.router or ""),
+        "pd_fallbacks": await pd_fallbacks(setup.routed.session, setup.pd_router),
     }
 
 
@@ -406,7 +427,7 @@ async def throughput(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
         "router_cpu_pct": 100 * cpu / sum(r.seconds for r in routed),
         "router_cpu_s_per_1k": 1000 * cpu / max(completed, 1),
         "failed": {name: sum(r.failed for r in rs) for name, rs in rounds.items()},
-        "pd_fallbacks": await pd_fallbacks(setup.routed.session, setup.routed.router or ""),
+        "pd_fallbacks": await pd_fallbacks(setup.routed.session, setup.pd_router),
     }
 
 
@@ -441,6 +462,14 @@ async def setups(procs: Procs, args: argparse.Namespace, session: aiohttp.Client
                                     [("--prefill", prefill), ("--decode", decode)], limits)
         result.append(Setup("pd", limits, Target(session, prefill=prefill, decode=decode),
                             Target(session, router=router, key=key), proc))
+    if args.hop == "gateway":
+        # "direct" is now the router, "router" the gateway in front of it: the figures are
+        # the gateway's own cost.
+        result = [replace(setup, direct=setup.routed,
+                          routed=Target(session, router=gateway, key=key), router=proc)
+                  for setup in result
+                  for gateway, proc in [procs.gateway(f"gateway-{setup.mode}-{kind}-{limits}",
+                                                      setup.routed.router or "", key)]]
     for setup in result:
         for target in (setup.direct, setup.routed):
             for url in (target.router, target.full, target.prefill, target.decode):
@@ -546,6 +575,9 @@ def main() -> int:
                         help="the key has no prompt-token limit, so prompts are not tokenized for it")
     parser.add_argument("--throughput-only", action="store_true",
                         help="only the non-streamed requests/s, not the streamed latencies")
+    parser.add_argument("--hop", choices=["router", "gateway"], default="router",
+                        help="gateway: measure the gateway in front of the router against the "
+                             "router alone (both on the router's core)")
     parser.add_argument("--router-core", default="0")
     parser.add_argument("--harness-cores", default="1")
     args = parser.parse_args()

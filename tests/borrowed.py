@@ -71,6 +71,8 @@ class Handle(ConsoleApi):
     router: str
     served_model_name: str
     data_dir: Path
+    # The console's gateway: one endpoint for the borrowed deployment and any a borrower adds.
+    gateway: str = ""
 
     def deployment(self) -> dict[str, Any]:
         response = self.call("GET", f"/api/v1/deployments/{self.deployment_id}/")
@@ -133,6 +135,26 @@ def plan_body(deployment: dict[str, Any]) -> dict[str, Any]:
     body["gate"] = {key: deployment["gate"][key] for key in (
         "mode", "prompts", "min_agreement", "max_mean_logprob_delta", "action")}
     return body
+
+
+@contextmanager
+def devices_shared(handle: Handle) -> Iterator[None]:
+    """The borrowed plan pins prefill to core 0 and decode to core 1 of this 2-core machine: a
+    third worker shares a core, which the plan must declare (else the device check refuses it,
+    as it should). A live edit: no worker restarts. The original plan comes back after."""
+    original = plan_body(handle.deployment())
+    shared = plan_body(handle.deployment())
+    for role in ("prefill", "decode"):
+        for instance in shared[role]["instances"]:
+            instance["share_devices"] = True
+    path = f"/api/v1/deployments/{handle.deployment_id}/"
+    response = handle.call("PUT", path, json=shared)
+    assert response.status_code == 200, response.text
+    try:
+        yield
+    finally:
+        response = handle.call("PUT", path, json=original)
+        assert response.status_code == 200, response.text
 
 
 def _alive(pid: int | None) -> bool:
@@ -234,10 +256,11 @@ class BorrowedDeployment:
                            cwd=REPO, check=True)
         self._model = shared_tiny_llama(SMOLLM2)
         data_dir = root / "data"
-        port = free_port()
+        port, gateway_port = free_port(), free_port()
         env = {**os.environ, "PDSERVE_DATA_DIR": str(data_dir), "PDSERVE_KV_DIR": str(data_dir / "kv"),
                "PDSERVE_ADMIN_USER": "admin", "PDSERVE_ADMIN_PASSWORD": ADMIN_PASSWORD,
                "PDSERVE_CONSOLE_PORT": str(port), "PDSERVE_ROUTER_PORT": str(free_port()),
+               "PDSERVE_GATEWAY_PORT": str(gateway_port),
                # tests/e2e/test_alerts_live.py's webhook receiver listens on 127.0.0.1.
                "PDSERVE_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.1/32"}
         for name in ("DATABASE_URL", "REDIS_URL"):
@@ -268,7 +291,8 @@ class BorrowedDeployment:
                     raise BorrowError(f"the console did not answer: {_tail(root / 'up.log')}") from None
                 time.sleep(0.5)
         return Handle(console=console, token=token, deployment_id=0, router="",
-                      served_model_name=SERVED_MODEL_NAME, data_dir=data_dir)
+                      served_model_name=SERVED_MODEL_NAME, data_dir=data_dir,
+                      gateway=f"http://127.0.0.1:{gateway_port}")
 
     def _create_and_start(self, console: Handle) -> Handle:
         """Register the tiny model with ``console`` (a handle without a deployment yet), plan

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.borrowed import Handle, plan_body
+from tests.borrowed import Handle, devices_shared
 from tests.e2e.test_rollouts_live import Load
 
 pytestmark = pytest.mark.vllm
@@ -99,20 +99,8 @@ def ramp(borrowed: Handle) -> Iterator[Ramp]:
 
 @pytest.fixture
 def shared_devices(borrowed: Handle) -> Iterator[None]:
-    """The borrowed plan pins prefill to core 0 and decode to core 1 of this 2-core machine: a
-    third worker shares a core, which the plan must declare (else the device check refuses the
-    new instance, as it should). A live edit: no worker restarts."""
-    original = plan_body(borrowed.deployment())
-    shared = plan_body(borrowed.deployment())
-    for role in ("prefill", "decode"):
-        for instance in shared[role]["instances"]:
-            instance["share_devices"] = True
-    path = f"/api/v1/deployments/{borrowed.deployment_id}/"
-    response = borrowed.call("PUT", path, json=shared)
-    assert response.status_code == 200, response.text
-    yield
-    response = borrowed.call("PUT", path, json=original)
-    assert response.status_code == 200, response.text
+    with devices_shared(borrowed):
+        yield
 
 
 @pytest.fixture
