@@ -22,9 +22,8 @@ from console.catalog.models import BaseModel, QuantizationJob, Variant
 from console.deployments.defaults import ensure_default_deployment
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
-from console.gateway.models import ApiKey
 from console.gateway.aliases import create_alias
-from console.gateway.models import ModelAlias
+from console.gateway.models import ApiKey, ModelAlias
 from console.gateway.services import create_key
 from console.quality.models import GateResult, VariantMeasurement
 from console.rollouts import revisions as revision_store
