@@ -46,13 +46,19 @@ def console_key(deployment: Deployment) -> str:
     return f"{KEY_PREFIX}{CONSOLE_KEY_PREFIX}_{_derive('console-key', deployment)}"
 
 
-def admin_url(deployment: Deployment) -> str:
+def router_address(deployment: Deployment) -> str:
+    """Where the console (and the gateway, on the same node) reaches the router: a wildcard
+    bind on loopback."""
     host = deployment.router_host
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{deployment.router_port}/admin"
+    return f"http://{host}:{deployment.router_port}"
+
+
+def admin_url(deployment: Deployment) -> str:
+    return f"{router_address(deployment)}/admin"
 
 
 def admin_headers(deployment: Deployment) -> dict[str, str]:

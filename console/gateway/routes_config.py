@@ -14,16 +14,8 @@ from typing import Any
 
 from console.deployments.models import Deployment
 from console.gateway.models import ApiKey, ModelAlias
+from console.gateway.router_admin import router_address
 from console.supervisor.models import ManagedProcess
-
-
-def _router_address(deployment: Deployment) -> str:
-    host = deployment.router_host
-    if host in ("0.0.0.0", "::"):
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{deployment.router_port}"
 
 
 def _state(deployment: Deployment, router: ManagedProcess | None) -> str:
@@ -50,7 +42,7 @@ def gateway_config() -> dict[str, Any]:
         router = ready.get(deployment.pk)
         entries.append({
             "name": deployment.name, "served_model_name": deployment.served_model_name,
-            "router": _router_address(deployment) if router is not None else None,
+            "router": router_address(deployment) if router is not None else None,
             "state": _state(deployment, router), "team": deployment.team.name,
             # As the deployment's own router decides: open until a key is made for it.
             "require_key": any(in_scope(key, deployment) for key in keys),

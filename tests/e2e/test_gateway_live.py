@@ -26,6 +26,8 @@ pytestmark = pytest.mark.vllm
 COLOCATED, COLOCATED_MODEL = "gw-colocated", "tiny-colocated"
 CLOSED, CLOSED_MODEL = "gw-closed", "tiny-closed"
 ALIAS = "chat"
+# The plan `manage.py bootstrap` makes in every console, never started here: open, stopped.
+DEFAULT_MODEL = "smollm2"
 PROMPT = "The capital of France is"
 
 
@@ -93,14 +95,16 @@ def test_one_endpoint_serves_each_deployment_by_name_and_alias_as_its_key_allows
             # The gateway hears of the new router within one sync round.
             listed = _wait(lambda: (found := _listed(handle, key)).get(COLOCATED_MODEL, {}).get(
                 "pdserve", {}).get("state") == "running" and found, "the gateway to list it", 30)
-            assert set(listed) == {handle.served_model_name, COLOCATED_MODEL, ALIAS}
+            opened = {handle.served_model_name, DEFAULT_MODEL, ALIAS}
+            assert set(listed) == opened | {COLOCATED_MODEL}
             assert listed[ALIAS]["pdserve"]["alias_of"] == [COLOCATED, NAME]
-            assert listed[handle.served_model_name]["pdserve"]["deployment"] == NAME
+            assert listed[handle.served_model_name]["pdserve"] == {"deployment": NAME,
+                                                                   "state": "running"}
+            assert listed[DEFAULT_MODEL]["pdserve"]["state"] == "stopped"
             # Each key sees its own; without one, only what is open (the borrowed deployment
             # has no key, as its own router has none).
-            assert set(_listed(handle, other["key"])) == {handle.served_model_name, CLOSED_MODEL,
-                                                          ALIAS}
-            assert set(_listed(handle, None)) == {handle.served_model_name, ALIAS}
+            assert set(_listed(handle, other["key"])) == opened | {CLOSED_MODEL}
+            assert set(_listed(handle, None)) == opened
 
             client = openai.OpenAI(base_url=f"{handle.gateway}/v1", api_key=key, max_retries=0,
                                    timeout=120)
@@ -139,9 +143,13 @@ def test_one_endpoint_serves_each_deployment_by_name_and_alias_as_its_key_allows
                 assert model in caught.value.body["message"]
             assert refused[0]["message"].replace(CLOSED_MODEL, "X") == \
                 refused[1]["message"].replace("no-such-model", "X")
-            keyless = openai.OpenAI(base_url=f"{handle.gateway}/v1", api_key="", max_retries=0)
+            # Without a key (the openai client always sends one), as its own router answers.
+            keyless = httpx.post(f"{handle.gateway}/v1/completions", timeout=30, json={
+                "model": COLOCATED_MODEL, "prompt": PROMPT, "max_tokens": 2})
+            assert keyless.status_code == 401 and keyless.headers["WWW-Authenticate"] == "Bearer"
             with pytest.raises(openai.AuthenticationError):
-                keyless.completions.create(model=COLOCATED_MODEL, prompt=PROMPT, max_tokens=2)
+                client.with_options(api_key=own["key"][:-3] + "abc").completions.create(
+                    model=COLOCATED_MODEL, prompt=PROMPT, max_tokens=2)
 
             # Its first deployment stopped, the alias is served by the next one.
             assert handle.call("POST", f"/api/v1/deployments/{colocated['id']}/stop").status_code == 202
