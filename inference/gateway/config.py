@@ -29,11 +29,10 @@ from typing import Any
 
 from yarl import URL
 
-from inference.router.keys import PREFIX_LEN
+from inference.router.keys import key_entry
 from inference.router.prompts import RequestError
 
 KEY_STATES = ("active", "revoked")
-HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,22 +213,10 @@ def _keys(entries: list[Any], names: set[str]) -> tuple[Key, ...]:
     for index, raw in enumerate(entries):
         where = f"keys[{index}]"
         entry = _object(raw, where)
-        key_id = entry.get("id")
-        if not isinstance(key_id, (int, str)) or isinstance(key_id, bool) or key_id == "":
-            raise RequestError(400, f"'{where}.id' must be an integer or a string", param=f"{where}.id")
-        prefix = entry.get("prefix")
-        if not isinstance(prefix, str) or len(prefix) != PREFIX_LEN or "_" in prefix:
-            raise RequestError(400, f"'{where}.prefix' must be {PREFIX_LEN} characters without '_'",
-                               param=f"{where}.prefix")
-        if prefix in prefixes:
-            raise RequestError(400, f"key prefix {prefix!r} appears twice", param=f"{where}.prefix")
-        digest = entry.get("hash")
-        if not isinstance(digest, str) or len(digest) != 64 or not HEX_DIGITS.issuperset(digest):
-            raise RequestError(400, f"'{where}.hash' must be a SHA-256 hex digest", param=f"{where}.hash")
-        state = entry.get("state")
-        if state not in KEY_STATES:
+        if "state" not in entry:
             raise RequestError(400, f"'{where}.state' must be one of {', '.join(KEY_STATES)}",
                                param=f"{where}.state")
+        key_id, prefix, digest, state = key_entry(entry, where, KEY_STATES, prefixes)
         allowed = entry.get("deployments")
         if not isinstance(allowed, list):
             raise RequestError(400, f"'{where}.deployments' must be a list of deployment names",
@@ -238,6 +225,6 @@ def _keys(entries: list[Any], names: set[str]) -> tuple[Key, ...]:
             if not isinstance(name, str) or name not in names:
                 param = f"{where}.deployments[{position}]"
                 raise RequestError(400, f"'{param}': no deployment named {name!r}", param=param)
-        keys.append(Key(str(key_id), prefix, digest.lower(), state, frozenset(allowed)))
+        keys.append(Key(key_id, prefix, digest, state, frozenset(allowed)))
         prefixes.add(prefix)
     return tuple(keys)

@@ -132,34 +132,38 @@ def parse_key_set(data: Any, previous: KeySet | None = None) -> KeySet:
         where = f"keys[{index}]"
         if not isinstance(entry, dict):
             raise RequestError(400, f"'{where}' must be an object", param=where)
-        key_id = entry.get("id")
-        if not isinstance(key_id, (int, str)) or isinstance(key_id, bool) or key_id == "":
-            raise RequestError(400, f"'{where}.id' must be an integer or a string", param=f"{where}.id")
-        prefix = entry.get("prefix")
-        if not isinstance(prefix, str) or len(prefix) != PREFIX_LEN or "_" in prefix:
-            raise RequestError(400, f"'{where}.prefix' must be {PREFIX_LEN} characters without '_'",
-                               param=f"{where}.prefix")
-        if prefix in by_prefix:
-            raise RequestError(400, f"'{where}.prefix' {prefix!r} appears twice", param=f"{where}.prefix")
-        digest = entry.get("hash")
-        if not isinstance(digest, str) or len(digest) != 64 or not _is_hex(digest):
-            raise RequestError(400, f"'{where}.hash' must be a SHA-256 hex digest", param=f"{where}.hash")
-        state = entry.get("state", "active")
-        if state not in STATES:
-            raise RequestError(400, f"'{where}.state' must be one of {', '.join(STATES)}",
-                               param=f"{where}.state")
+        key_id, prefix, digest, state = key_entry(entry, where, STATES, set(by_prefix))
         limits = _limits(entry.get("limits") or {}, f"{where}.limits")
-        usage = old[prefix].usage if prefix in old and old[prefix].id == str(key_id) else KeyUsage()
-        by_prefix[prefix] = ApiKey(str(key_id), prefix, digest.lower(), state, limits, usage)
+        usage = old[prefix].usage if prefix in old and old[prefix].id == key_id else KeyUsage()
+        by_prefix[prefix] = ApiKey(key_id, prefix, digest, state, limits, usage)
     return KeySet(version, require_key, by_prefix)
 
 
-def _is_hex(text: str) -> bool:
-    try:
-        int(text, 16)
-    except ValueError:
-        return False
-    return True
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def key_entry(entry: dict[str, Any], where: str, states: tuple[str, ...],
+              taken: set[str]) -> tuple[str, str, str, str]:
+    """A key entry's id, prefix, lower-case hash and state, as the console describes a key to a
+    router and to the gateway; raises RequestError naming the field. ``taken``: the prefixes of
+    the entries before it. A missing state is ``active``."""
+    key_id = entry.get("id")
+    if not isinstance(key_id, (int, str)) or isinstance(key_id, bool) or key_id == "":
+        raise RequestError(400, f"'{where}.id' must be an integer or a string", param=f"{where}.id")
+    prefix = entry.get("prefix")
+    if not isinstance(prefix, str) or len(prefix) != PREFIX_LEN or "_" in prefix:
+        raise RequestError(400, f"'{where}.prefix' must be {PREFIX_LEN} characters without '_'",
+                           param=f"{where}.prefix")
+    if prefix in taken:
+        raise RequestError(400, f"'{where}.prefix' {prefix!r} appears twice", param=f"{where}.prefix")
+    digest = entry.get("hash")
+    if not isinstance(digest, str) or len(digest) != 64 or not HEX_DIGITS.issuperset(digest):
+        raise RequestError(400, f"'{where}.hash' must be a SHA-256 hex digest", param=f"{where}.hash")
+    state = entry.get("state", "active")
+    if state not in states:
+        raise RequestError(400, f"'{where}.state' must be one of {', '.join(states)}",
+                           param=f"{where}.state")
+    return str(key_id), prefix, digest.lower(), state
 
 
 def _limits(data: Any, where: str) -> Limits:
