@@ -13,15 +13,14 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 from django.conf import settings
 
+from console.gateway.private_files import write_private
 from console.gateway.router_admin import AdminUnreadable, Push
 
 log = logging.getLogger("pdserve.gateway")
@@ -73,22 +72,8 @@ def environment() -> dict[str, str]:
 
 
 def write_config(config: dict[str, Any]) -> Path:
-    """Where a starting gateway reads its configuration: 0600 (it holds key hashes), replaced in
-    one rename so that it never reads half a file, rewritten only when it changed."""
-    path = config_path()
-    text = json.dumps(config, sort_keys=True)
-    if path.is_file() and path.read_text() == text:
-        return path
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    """Where a starting gateway reads its configuration (it holds key hashes)."""
+    return write_private(config_path(), json.dumps(config, sort_keys=True))
 
 
 def _headers() -> dict[str, str]:

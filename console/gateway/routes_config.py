@@ -32,10 +32,21 @@ def in_scope(key: ApiKey, deployment: Deployment) -> bool:
     return any(d.pk == deployment.pk for d in key.deployments.all())
 
 
+def ready_routers() -> dict[int, ManagedProcess]:
+    """Each deployment's ready router, by deployment id."""
+    return {process.deployment_id: process for process in ManagedProcess.objects.filter(
+        role="router", state=ManagedProcess.State.READY, deployment__isnull=False).order_by()}
+
+
+def states(deployments: list[Deployment]) -> dict[str, str]:
+    """What the gateway says of each deployment's state, by name (the gateway page's column)."""
+    ready = ready_routers()
+    return {d.name: _state(d, ready.get(d.pk)) for d in deployments}
+
+
 def gateway_config() -> dict[str, Any]:
     deployments = list(Deployment.objects.select_related("team").order_by("pk"))
-    ready = {process.deployment_id: process for process in ManagedProcess.objects.filter(
-        role="router", state=ManagedProcess.State.READY, deployment__isnull=False).order_by()}
+    ready = ready_routers()
     keys = list(ApiKey.objects.prefetch_related("deployments").order_by("pk"))
     entries = []
     for deployment in deployments:

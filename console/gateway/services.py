@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +20,7 @@ from console.audit.entries import record, snapshot
 from console.deployments.models import Deployment
 from console.gateway import gateway_process
 from console.gateway.models import LIMIT_FIELDS, ApiKey
+from console.gateway.private_files import write_private
 from console.gateway.router_admin import console_key, push_keys
 from console.gateway.routes_config import gateway_config, in_scope
 from inference.router.keys import key_hash, new_key, public_prefix
@@ -141,23 +140,8 @@ def keys_file_path(deployment: Deployment) -> Path:
 
 
 def write_keys_file(deployment: Deployment) -> Path:
-    """Write the key set where the router reads it at start: 0600, replaced in one rename so a
-    starting router never reads half a file."""
-    path = keys_file_path(deployment)
-    text = json.dumps(key_set(deployment))
-    # The supervisor builds the router's command on every tick: rewrite only what changed.
-    if path.is_file() and path.read_text() == text:
-        return path
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    """Write the key set where the router reads it at start."""
+    return write_private(keys_file_path(deployment), json.dumps(key_set(deployment)))
 
 
 def record_usage(usage: dict[str, Any]) -> int:

@@ -13,7 +13,7 @@ from console.gateway import gateway_process
 from console.gateway.aliases import create_alias, delete_alias
 from console.gateway.forms import ApiKeyForm, ModelAliasForm
 from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias
-from console.gateway.routes_config import gateway_config
+from console.gateway.routes_config import states
 from console.gateway.services import create_key, revoke_key, scope_errors
 from console.supervisor.models import ManagedProcess
 
@@ -77,10 +77,9 @@ def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 def _render_gateway(request: HttpRequest, form: ModelAliasForm | None = None,
                     status: int = 200) -> HttpResponse:
     teams = _operator_teams(request)
-    deployments = visible(Deployment.objects.select_related("team").order_by("name"),
-                          request.user)
-    config = gateway_config()
-    states = {entry["name"]: entry["state"] for entry in config["deployments"]}
+    deployments = list(visible(Deployment.objects.select_related("team").order_by("name"),
+                               request.user))
+    state_of = states(deployments)
     aliases = visible(ModelAlias.objects.select_related("team").prefetch_related(
         "targets__deployment"), request.user)
     served = set(Deployment.objects.values_list("served_model_name", flat=True))
@@ -88,7 +87,7 @@ def _render_gateway(request: HttpRequest, form: ModelAliasForm | None = None,
         "enabled": gateway_process.enabled(),
         "url": gateway_process.url() if gateway_process.enabled() else "",
         "process": ManagedProcess.objects.filter(kind=ManagedProcess.Kind.GATEWAY).first(),
-        "models": [(d, states.get(d.name, "")) for d in deployments],
+        "models": [(d, state_of[d.name]) for d in deployments],
         "aliases": [(alias, alias.name in served) for alias in aliases],
         "form": form or ModelAliasForm(user=request.user, teams=teams),
         "can_operate": bool(teams), "operated": {t.pk for t in teams},

@@ -11,7 +11,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from console.accounts.models import Role
+from console.accounts.models import Role, Team
 from console.accounts.permissions import TeamRole
 from console.accounts.roles import team_to_create_in, visible
 from console.gateway.aliases import create_alias, delete_alias, update_alias
@@ -22,6 +22,14 @@ from console.gateway.api.serializers import (
 )
 from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias
 from console.gateway.services import create_key, revoke_key, scope_errors, update_key
+
+
+def operated_team(request: Request, data: dict[str, Any]) -> Team:
+    """The team a new key or alias goes to: the body's, or the caller's one operated team."""
+    try:
+        return team_to_create_in(request.user, data.get("team"), Role.OPERATOR)
+    except DjangoValidationError as exc:
+        raise ValidationError(exc.message_dict) from exc
 
 
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -43,10 +51,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        try:
-            team = team_to_create_in(request.user, data.get("team"), Role.OPERATOR)
-        except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from exc
+        team = operated_team(request, data)
         errors = scope_errors(team, data.get("deployments", []))
         if errors:
             raise ValidationError(errors)
@@ -90,8 +95,8 @@ class ModelAliasViewSet(viewsets.ModelViewSet):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        team = operated_team(request, data)
         try:
-            team = team_to_create_in(request.user, data.get("team"), Role.OPERATOR)
             alias = create_alias(name=data["name"], team=team, targets=data["targets"],
                                  user=request.user)
         except DjangoValidationError as exc:
