@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from rest_framework.test import APIClient
 
 from console.deployments.defaults import ensure_default_deployment
 from console.deployments.models import Deployment
@@ -32,6 +33,14 @@ def no_gateway(settings: Any) -> None:
 def owner(db: None) -> User:
     """The operator, created the way `manage.py bootstrap` creates the admin."""
     return User.objects.create_superuser(username="owner", email="", password=OWNER_PASSWORD)
+
+
+@pytest.fixture
+def api(owner: User) -> APIClient:
+    """The REST API as the owner (a superuser), signed in without a token."""
+    client = APIClient()
+    client.force_authenticate(owner)
+    return client
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from unittest import mock
 import psutil
 import pynvml
 import pytest
-from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from console.catalog.models import BaseModel
@@ -43,13 +42,6 @@ def data_dir(tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch) -> 
     settings.PDSERVE_KV_DIR = tmp_path / "kv"
     (tmp_path / "infiniband").mkdir()
     monkeypatch.setattr(net_devices, "SYS_INFINIBAND", tmp_path / "infiniband")
-
-
-@pytest.fixture
-def api(owner: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(owner)
-    return client
 
 
 @pytest.fixture

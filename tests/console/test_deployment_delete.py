@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
 from console.audit.models import AuditEntry
@@ -20,13 +19,6 @@ from console.gateway.services import create_key, keys_file_path, write_keys_file
 from console.supervisor.models import ManagedProcess
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def api(owner: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(owner)
-    return client
 
 
 @pytest.fixture

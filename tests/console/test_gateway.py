@@ -44,13 +44,6 @@ def data_dir(settings: Any, tmp_path: Path) -> Path:
     return Path(settings.DATA_DIR)
 
 
-@pytest.fixture
-def api(owner: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(owner)
-    return client
-
-
 def create(api: APIClient, **fields: Any) -> dict[str, Any]:
     response = api.post(URL, {"name": "ci", "all_deployments": True, **fields}, format="json")
     assert response.status_code == 201, response.content

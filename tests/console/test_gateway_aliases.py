@@ -23,13 +23,6 @@ URL = "/api/v1/aliases/"
 
 
 @pytest.fixture
-def api(owner: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(owner)
-    return client
-
-
-@pytest.fixture
 def second(deployment: Deployment) -> Deployment:
     """A second deployment of the same team, serving another name."""
     other = Deployment.objects.get(pk=deployment.pk)

@@ -42,13 +42,6 @@ TOOL_FIELDS = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True,
 
 
 @pytest.fixture
-def api(owner: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(owner)
-    return client
-
-
-@pytest.fixture
 def variant(tmp_path: Path) -> Variant:
     return register(BaseModel.objects.create(name="tiny"), tmp_path, "bf16")
 

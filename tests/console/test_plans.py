@@ -29,13 +29,6 @@ URL = "/api/v1/deployments/"
 
 
 @pytest.fixture
-def api(owner: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(owner)
-    return client
-
-
-@pytest.fixture
 def variant(tmp_path: Path) -> Variant:
     return register(BaseModel.objects.create(name="tiny"), tmp_path, "bf16")
 

@@ -14,13 +14,6 @@ URL = "/api/v1/processes/"
 
 
 @pytest.fixture
-def api(owner: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(owner)
-    return client
-
-
-@pytest.fixture
 def rows(deployment: Deployment) -> list[ManagedProcess]:
     other = Deployment.objects.create(name="other", base_model=deployment.base_model,
                                       served_model_name="other", max_model_len=2048)

@@ -65,13 +65,6 @@ def mixed(plan: Deployment, variants: dict[str, Variant]) -> Deployment:
 
 
 @pytest.fixture
-def api(owner: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(owner)
-    return client
-
-
-@pytest.fixture
 def browser(owner: User) -> Client:
     client = Client()
     client.force_login(owner)
