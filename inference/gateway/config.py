@@ -22,14 +22,13 @@ RequestError naming the offending field by its JSON path.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from yarl import URL
 
-from inference.router.keys import key_entry
+from inference.router.keys import key_entry, load_console_file
 from inference.router.prompts import RequestError
 
 KEY_STATES = ("active", "revoked")
@@ -89,17 +88,7 @@ def parse_config(data: Any) -> GatewayConfig:
 
 def load_config_file(path: str | Path) -> GatewayConfig:
     """The configuration in ``path``; ValueError naming --config-file and what is wrong."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"--config-file: cannot read {path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise ValueError(f"--config-file: {path} is not JSON: {exc}") from exc
-    try:
-        return parse_config(data)
-    except RequestError as exc:
-        where = f" (at {exc.param})" if exc.param else ""
-        raise ValueError(f"--config-file: {path}: {exc.message}{where}") from exc
+    return load_console_file(path, "--config-file", parse_config)
 
 
 def _list(data: dict[str, Any], name: str, required: bool = False) -> list[Any]:
@@ -153,7 +142,6 @@ def _router_url(value: Any, where: str) -> str | None:
 def _deployments(entries: list[Any], require_key: bool) -> tuple[Deployment, ...]:
     deployments: list[Deployment] = []
     names: set[str] = set()
-    served: set[str] = set()
     for index, raw in enumerate(entries):
         where = f"deployments[{index}]"
         entry = _object(raw, where)
@@ -175,7 +163,6 @@ def _deployments(entries: list[Any], require_key: bool) -> tuple[Deployment, ...
         deployments.append(Deployment(name, served_name, router, _text(entry, "state", where),
                                       _text(entry, "team", where), closed))
         names.add(name)
-        served.add(served_name)
     return tuple(deployments)
 
 

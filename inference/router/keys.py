@@ -24,11 +24,14 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from inference.router.prompts import RequestError
+
+Parsed = TypeVar("Parsed")
 
 KEY_PREFIX = "pds_"
 PREFIX_LEN = 8
@@ -185,16 +188,24 @@ def _limits(data: Any, where: str) -> Limits:
 
 def load_key_file(path: str | Path) -> KeySet:
     """The key set in ``path``; ValueError saying what is wrong with it."""
+    return load_console_file(path, "--keys-file", parse_key_set)
+
+
+def load_console_file(path: str | Path, flag: str, parse: Callable[[Any], Parsed]) -> Parsed:
+    """A JSON file the console writes for a process to start with (a router's key set, the
+    gateway's configuration), checked by ``parse``; ValueError naming ``flag``, the file and
+    what is wrong."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ValueError(f"--keys-file: cannot read {path}: {exc.strerror or exc}") from exc
+        raise ValueError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from exc
     except ValueError as exc:
-        raise ValueError(f"--keys-file: {path} is not JSON: {exc}") from exc
+        raise ValueError(f"{flag}: {path} is not JSON: {exc}") from exc
     try:
-        return parse_key_set(data)
+        return parse(data)
     except RequestError as exc:
-        raise ValueError(f"--keys-file: {path}: {exc.message}") from exc
+        where = f" (at {exc.param})" if exc.param else ""
+        raise ValueError(f"{flag}: {path}: {exc.message}{where}") from exc
 
 
 class AuthFailure(Exception):
