@@ -24,7 +24,10 @@ test: install model browser promtool netns
 	PY=$(PY) scripts/test-console.sh $(TEST_DATABASE_URL)
 	$(PY) -m pytest --ignore=tests/console
 
-install: $(VENV)/.installed-$(ENGINE) .venv-quant/.installed
+# The two environments install side by side: pip spends much of its time unpacking and writing
+# files, and the second core would otherwise sit idle for the quantization venv's minute and more.
+install:
+	@$(MAKE) --no-print-directory -j2 --output-sync=line $(VENV)/.installed-$(ENGINE) .venv-quant/.installed
 
 $(VENV)/.installed-$(ENGINE): pyproject.toml scripts/install.sh
 	PYTHON=$(PYTHON) scripts/install.sh $(ENGINE)
