@@ -3,6 +3,7 @@
     GET    /admin/backends
     POST   /admin/backends      {"role": "prefill", "url": "http://127.0.0.1:8101", "revision": "2"}
     DELETE /admin/backends?role=prefill&url=http://127.0.0.1:8101&revision=2
+    GET    /admin/usage?since=2026-12-01   the usage ledger (usage.py), cumulative per day and key
 
 ``revision`` names the group (see groups.py and groups_admin.py); it may be left out while the
 router has one group. It is guarded by its own bearer token (``PDSERVE_ROUTER_ADMIN_TOKEN``),
@@ -24,19 +25,22 @@ from inference.router.groups import DRAINING, Group
 from inference.router.groups_admin import GroupsAdmin
 from inference.router.keys_admin import KeysAdmin
 from inference.router.prompts import RequestError
+from inference.router.usage import UsageLedger, UsageUnavailable, check_day
 
 PATH = "/admin/backends"
 
 
 class AdminAPI:
-    def __init__(self, router: RouterControl, token: str | None):
+    def __init__(self, router: RouterControl, token: str | None, usage: UsageLedger):
         self.router = router
         self.token = token
+        self.usage = usage
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get(PATH, self.list_backends)
         app.router.add_post(PATH, self.add_backend)
         app.router.add_delete(PATH, self.remove_backend)
+        app.router.add_get("/admin/usage", self.usage_rows)
         KeysAdmin(self.router.gate, self._denied).add_routes(app)
         GroupsAdmin(self.router, self._denied).add_routes(app)
 
@@ -65,6 +69,23 @@ class AdminAPI:
                 listed["backends"] += [{**describe(b), "revision": group.revision}
                                        for b in [*pool.backends, *pool.draining]]
         return web.json_response({"mode": self.router.primary.mode, "roles": roles})
+
+    async def usage_rows(self, request: web.Request) -> web.Response:
+        """The usage ledger's rows: what its file holds plus what is not written yet, sorted by
+        day then key; ``since`` keeps the days from that one on."""
+        if (denied := self._denied(request)) is not None:
+            return denied
+        since = request.query.get("since")
+        try:
+            if since is not None:
+                check_day(since)
+        except ValueError as exc:
+            return error(400, str(exc), "since")
+        try:
+            rows = await self.usage.rows(since)
+        except UsageUnavailable as exc:
+            return error(503, str(exc), code="usage_unavailable")
+        return web.json_response({"version": 1, "rows": rows})
 
     async def add_backend(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:

@@ -16,6 +16,7 @@ from inference.kv_channels import CHANNEL_NAMES, uses_transfer_params
 from inference.router.keys import load_key_file
 from inference.router.policies import POLICY_NAMES
 from inference.router.redis_client import parse_url
+from inference.router.usage import check_usage_file
 
 PD_POLICIES = ("remote", "pd_adaptive")
 SETTING = "setting"
@@ -184,6 +185,11 @@ class RouterConfig:
     redis_url: str | None = field(default=None, repr=False, metadata=setting(
         "Redis that shares the per-key rate limits between routers; unset, they are kept in memory",
         env="REDIS_URL", check=parse_url))
+    usage_file: str | None = field(default=None, metadata=setting(
+        "SQLite file of the usage ledger: requests, errors, tokens and latency per UTC day and API "
+        "key, read through GET /admin/usage (created with its directory if missing, mode 0600); "
+        "unset, the ledger is kept in memory and lost when the router stops",
+        check=check_usage_file))
 
     @property
     def mode(self) -> str:

@@ -58,6 +58,17 @@ METRICS: tuple[MetricSpec, ...] = (
                "in its own memory meanwhile"),
     MetricSpec("key_requests", Counter, "pdserve_router_key_requests",
                "Requests admitted per API key, labelled by the key's public prefix", ("key",)),
+    # The same requests as the usage ledger (usage.py) counts, for dashboards; the ledger is what
+    # survives a restart. Labelled by keys only, so the label sets stay as few as the keys.
+    MetricSpec("usage_requests", Counter, "pdserve_router_usage_requests",
+               "Requests metered for usage once their body was parsed, by API key (its public "
+               "prefix; empty without a key) and outcome: error (answered >= 400, or a stream "
+               "that ended with an error event, broke off or lost its client) or ok",
+               ("key", "outcome")),
+    MetricSpec("usage_tokens", Counter, "pdserve_router_usage_tokens",
+               "Tokens metered for usage, by API key (its public prefix; empty without a key) and "
+               "kind (prompt, completion); a prompt whose count the router never learned counts 0",
+               ("key", "kind")),
     MetricSpec("prefill_seconds", Histogram, "pdserve_router_prefill_seconds",
                "Time from dispatch to the prefill worker until its answer (the KV hand-off point)",
                ("revision",), buckets=LATENCY_BUCKETS),
@@ -157,6 +168,8 @@ class RouterMetrics:
     rate_limited: Counter
     rate_limit_store_errors: Counter
     key_requests: Counter
+    usage_requests: Counter
+    usage_tokens: Counter
     prefill_seconds: Histogram
     first_byte_seconds: Histogram
     in_flight: Gauge
@@ -233,6 +246,13 @@ class RouterMetrics:
         if tokens > 1 and "last_token" in timeline.events:
             self.tpot_seconds.labels(revision).observe(
                 (timeline.events["last_token"] - ttft_ms) / 1000 / (tokens - 1))
+
+    def record_usage(self, key: str, failed: bool, prompt_tokens: int,
+                     completion_tokens: int) -> None:
+        """Count one metered request; ``key``: its key's label, "" without one."""
+        self.usage_requests.labels(key, "error" if failed else "ok").inc()
+        self.usage_tokens.labels(key, "prompt").inc(prompt_tokens)
+        self.usage_tokens.labels(key, "completion").inc(completion_tokens)
 
     def decision(self, role: str, policy: str, outcome: str) -> None:
         self.policy_decisions.labels(role, policy, outcome).inc()

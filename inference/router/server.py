@@ -53,7 +53,7 @@ from inference.router.prompts import (
     PromptChecker,
     RequestError,
 )
-from inference.router.ratelimit import RateLimiter, Refused, Ticket
+from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
 from inference.router.selection import SESSION_HEADER, Selector, session_key
 from inference.router.timeline import Timeline
 from inference.router.tokenizing import TokenizerBusy, Tokenizing, default_threads
@@ -64,6 +64,7 @@ from inference.router.upstream import (
     error_response,
     relay,
 )
+from inference.router.usage import UsageLedger
 from inference.router.warmup import FILLER, PairWarmer, warmup_prompt
 
 log = logging.getLogger("pdserve.router")
@@ -92,6 +93,7 @@ class Router:
                                      config.tokenize_queue)
         self.admission = Admission(self.gate, self.limiter, self.metrics, self.tokenizing,
                                    self.chars_per_token)
+        self.usage = UsageLedger(config.usage_file)
         self.warmup: WarmupPrompt | None = None
         if config.kv_warmup_tokens:
             self.warmup = WarmupPrompt(
@@ -136,17 +138,23 @@ class Router:
             group.open(self.config.connect_timeout_s)
         self._tasks.append(asyncio.create_task(
             probe_forever(self._all_pools, self.config.health_interval_s)))
+        self.usage.start()
 
     async def stop(self, _app: web.Application) -> None:
-        for task in [*self._group_drains, *self._drains.values(), *self._tasks]:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for group in self.groups.values():
-            await group.stop_warmup()
-        await close_sessions(self._all_pools())
-        await self.limiter.close()
-        self.tokenizing.close()
+        try:
+            for task in [*self._group_drains, *self._drains.values(), *self._tasks]:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for group in self.groups.values():
+                await group.stop_warmup()
+            await close_sessions(self._all_pools())
+            await self.limiter.close()
+            self.tokenizing.close()
+        finally:
+            # Requests have all ended when the app's cleanup runs: what they metered is written
+            # now, whatever else failed to close.
+            await self.usage.close()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[openai_errors])
@@ -160,7 +168,7 @@ class Router:
         for path in PASSED_THROUGH:
             app.router.add_post(path, self.pass_through)
         app.router.add_get("/version", self.pass_through)
-        AdminAPI(self, self.config.admin_token).add_routes(app)
+        AdminAPI(self, self.config.admin_token, self.usage).add_routes(app)
         return app
 
     # ---- groups and pools at run time (the admin API calls these) --------------------
@@ -435,20 +443,51 @@ class Router:
                 parsed = self.checker.parse(endpoint, parse_json(raw))
             except RequestError as exc:
                 return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
-            # Picked once the body is parsed: its `user` may name the session.
-            group = self.selector.pick(self.groups,
-                                       session_key(request.headers.get(SESSION_HEADER), parsed.body))
-            if group is None:
-                return self._no_group(timeline)
-            timeline.revision = group.revision
-            group.enter()
+            answer: web.StreamResponse | None = None
             try:
-                return await self._serve_in(group, request, parsed, raw, key, ticket, timeline)
+                answer = await self._serve_parsed(request, parsed, raw, key, ticket, timeline)
+                return answer
             finally:
-                group.leave()
+                # Metered on every way out from here, a client that left included (no answer).
+                self._meter(key, timeline, answer)
         finally:
             if ticket is not None and not ticket.settled:
                 await self.admission.release(ticket)
+
+    async def _serve_parsed(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
+                            key: ApiKey | None, ticket: Ticket | None,
+                            timeline: Timeline) -> web.StreamResponse:
+        # Picked once the body is parsed: its `user` may name the session.
+        group = self.selector.pick(self.groups,
+                                   session_key(request.headers.get(SESSION_HEADER), parsed.body))
+        if group is None:
+            return self._no_group(timeline)
+        timeline.revision = group.revision
+        group.enter()
+        try:
+            return await self._serve_in(group, request, parsed, raw, key, ticket, timeline)
+        finally:
+            group.leave()
+
+    def _meter(self, key: ApiKey | None, timeline: Timeline,
+               answer: web.StreamResponse | None) -> None:
+        """Count an ended request in the usage ledger and its metrics."""
+        # hot path: runs once per request
+        # A stream is 200 from its first byte: how it ended is in timeline.error (an error
+        # event, a worker lost mid-stream and not replaced, a client gone).
+        failed = answer is None or answer.status >= 400 or timeline.error is not None
+        prompt_tokens = completion_tokens = 0
+        # An error answer counts no tokens, as no usage reached its client; a request refused
+        # before dispatch has none anyway. A stream that broke off or lost its client counts
+        # what it got to.
+        if answer is None or answer.status < 400:
+            prompt_tokens = timeline.prompt_tokens or 0
+            completion_tokens = generated_estimate(timeline.completion_tokens,
+                                                   timeline.stream_chunks, timeline.endpoint)
+        self.usage.record(key.id if key is not None else "", failed, prompt_tokens,
+                          completion_tokens, timeline.since_arrival() * 1000)
+        self.metrics.record_usage(key.label if key is not None else "", failed, prompt_tokens,
+                                  completion_tokens)
 
     async def _serve_in(self, group: Group, request: web.Request, parsed: ParsedRequest,
                         raw: bytes, key: ApiKey | None, ticket: Ticket | None,
@@ -487,6 +526,10 @@ class Router:
                 timeline.prompt_tokens = parsed.prompt.known_length
             if key is not None:
                 await self.admission.settle(key, ticket, parsed, timeline)
+                # A key with a prompt-token limit has its prompt counted in settle when nothing
+                # else told it: the usage ledger takes that count too.
+                if parsed.prompt.known_length is not None:
+                    timeline.prompt_tokens = parsed.prompt.known_length
 
     @staticmethod
     def _routes_by_ids(group: Group, parsed: ParsedRequest) -> bool:

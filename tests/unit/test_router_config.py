@@ -25,7 +25,7 @@ FLAGS = ["--served-model-name", "--tokenizer", "--max-model-len", "--prefill", "
          "--decode-policy", "--colocated-policy", "--pd-policy", "--stall-budget-ms", "--no-degraded-mode",
          "--prefill-slots",
          "--breaker-failures", "--breaker-cooldown", "--prefix-block-size", "--prefix-blocks",
-         "--kv-warmup-tokens", "--kv-lease-s", "--keys-file"]
+         "--kv-warmup-tokens", "--kv-lease-s", "--keys-file", "--usage-file"]
 ENVIRONMENT = ["PDSERVE_API_KEY", "PDSERVE_ROUTER_ADMIN_TOKEN", "PDSERVE_WORKER_KEY", "REDIS_URL"]
 
 

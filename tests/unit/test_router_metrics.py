@@ -27,6 +27,8 @@ EXPECTED = [
     ("rate_limited", Counter, "pdserve_router_rate_limited", ("limit",)),
     ("rate_limit_store_errors", Counter, "pdserve_router_rate_limit_store_errors", ()),
     ("key_requests", Counter, "pdserve_router_key_requests", ("key",)),
+    ("usage_requests", Counter, "pdserve_router_usage_requests", ("key", "outcome")),
+    ("usage_tokens", Counter, "pdserve_router_usage_tokens", ("key", "kind")),
     ("prefill_seconds", Histogram, "pdserve_router_prefill_seconds", ("revision",)),
     ("first_byte_seconds", Histogram, "pdserve_router_first_byte_seconds", ("endpoint", "revision")),
     ("in_flight", Gauge, "pdserve_router_in_flight", ("role", "backend", "revision")),
