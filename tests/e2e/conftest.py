@@ -1,8 +1,8 @@
 """One real stack per test session: the console, the supervisor, the default deployment's two
 vLLM workers and the router, plus one plain vLLM server as the reference for output equality.
 
-Each vLLM server takes 1-2 minutes to start on this CPU, so they start once: the deployment's
-two together, then the reference.
+Each vLLM server takes a minute or more to start on this CPU, so they start once, all three
+together.
 """
 
 from __future__ import annotations
@@ -149,9 +149,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
                       data_dir=data_dir, reference_pid=0)
         with stack.api() as client:
             client.post(f"/api/v1/deployments/{stack.deployment_id}/start").raise_for_status()
-        # The reference starts once the deployment is ready, not beside it: three vLLM servers
-        # compiling at once on two cores took over 7 minutes on a loaded CI machine.
-        stack.wait_for_state("ready")
+        # The reference starts beside the deployment's two workers: every server here runs
+        # eager (tests/conftest.py), and three eager starts at once on two cores end sooner
+        # than two and then one (compiling, they took over 7 minutes together).
         # The reference: one plain vLLM server with the deployment's model, dtype and
         # sampling defaults.
         reference_argv, reference_env = build_command(WorkerSpec(
@@ -164,6 +164,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
                                      stdout=reference_log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         stack.reference_pid = reference.pid
+        stack.wait_for_state("ready")
         _wait_http(f"{stack.reference}/health", START_TIMEOUT_S, reference)
         yield stack
     finally:
