@@ -306,6 +306,10 @@ class Forwarder:
         return error_response(502, message, timeline.request_id, code="kv_handoff_failed")
 
 
+# How vLLM ends a stream it could not finish (before data: [DONE]).
+STREAM_ERROR_EVENT = b'data: {"error"'
+
+
 class _Pump:
     """Relays one worker's stream to the client after another: the events (through the
     request's StreamRelay), the first-token and inter-token metrics, and the client leaving."""
@@ -381,6 +385,10 @@ class _Pump:
             # An empty answer: the client still gets its (empty) stream.
             await self.response.prepare(self.request)
             timeline.streamed = True
+        elif timeline.error is None and STREAM_ERROR_EVENT in self.previous + self.last:
+            # vLLM fails a stream it has begun with an error event and then [DONE]: a 200 that
+            # the usage ledger and the timeline must still count as failed.
+            timeline.error = "the worker ended the stream with an error event"
         return self.ENDED
 
     def _first_token(self) -> None:

@@ -121,6 +121,9 @@ class StubVLLM:
     generative: bool = False
     # When set, streaming pauses after the first chunk until the test releases it.
     stream_gate: asyncio.Event | None = None
+    # End streams with vLLM's error event before [DONE], as vLLM fails a request that has
+    # begun streaming.
+    error_event: bool = False
     # Put vLLM's usage (prompt and completion tokens) in non-streamed answers, and in streamed
     # ones that ask for it (stream_options.include_usage).
     with_usage: bool = False
@@ -323,6 +326,10 @@ class StubVLLM:
                      "total_tokens": prompt_tokens + self.stream_chunks}
             event = {"id": f"{self.name}-stream", "object": "chunk", "choices": [], "usage": usage}
             chunks.insert(-1, f"data: {json.dumps(event)}\n\n".encode())
+        if self.error_event:
+            error = {"error": {"message": "engine failed", "type": "InternalServerError",
+                               "code": 500}}
+            chunks.insert(-1, f"data: {json.dumps(error)}\n\n".encode())
         for i, chunk in enumerate(chunks):
             if self.die_after_chunks is not None and i == self.die_after_chunks:
                 # close() flushes what was written, then drops the connection; aiohttp then

@@ -150,11 +150,18 @@ async def test_the_ledger_counts_what_the_clients_saw(
     assert all(row["latency_ms_sum"] > 0 for row in rows)
 
 
-async def test_a_stream_cut_off_mid_way_and_a_client_that_leaves_are_errors(
+async def test_a_stream_cut_off_mid_way_a_worker_error_event_and_a_client_that_leaves_are_errors(
         start_router: StartRouter, make_stub: MakeStub) -> None:
     worker = await make_stub("worker")
     running = await start_router(colocated=(worker.url,), admin_token=ADMIN)
     client = running.client
+
+    # The worker's own error event at the end of a stream that began: a 200 that failed
+    # (first: the cut below takes the worker out of rotation).
+    worker.error_event = True
+    response = await client.post("/v1/completions", json={**COMPLETION, "stream": True})
+    assert response.status == 200 and '"error"' in await response.text()
+    worker.error_event = False
 
     # No other worker to continue on: the client gets an error event after two chunks.
     worker.die_after_chunks = 2
@@ -172,13 +179,13 @@ async def test_a_stream_cut_off_mid_way_and_a_client_that_leaves_are_errors(
         return sum(row["requests"] for row in await usage_rows(client))
 
     deadline = time.monotonic() + 5
-    while await metered() < 2:
+    while await metered() < 3:
         assert time.monotonic() < deadline, "the client that left was never metered"
         await asyncio.sleep(0.02)
     [row] = await usage_rows(client)
-    assert (row["key"], row["requests"], row["errors"]) == ("", 2, 2)
+    assert (row["key"], row["requests"], row["errors"]) == ("", 3, 3)
     assert await running.metric("pdserve_router_usage_requests_total",
-                                {"key": "", "outcome": "error"}) == 2
+                                {"key": "", "outcome": "error"}) == 3
 
 
 async def test_auth_failures_are_not_metered_and_the_metrics_follow_the_keys(
