@@ -14,6 +14,7 @@ from console.checks.suite import enforce_handshake_compat
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.router_admin import admin_token
 from console.gateway.services import write_keys_file
+from console.gateway.usage import usage_file_path
 from console.rollouts import revisions
 from console.rollouts.models import Revision, Rollout
 from console.rollouts.revisions import live_number
@@ -191,14 +192,18 @@ def process_specs(deployment: Deployment,
                                               remote_peers=has_remote_peers(worker, workers)))
         specs.append(ProcessSpec(slot=worker.slot, role=worker.role, port=worker.port,
                                  argv=argv, env=env, node_id=worker.node_id, host=worker.host))
-    specs.append(router_spec(deployment, workers, chat_template, write_keys_file(deployment)))
+    specs.append(router_spec(deployment, workers, chat_template, write_keys_file(deployment),
+                             usage_file=usage_file_path(deployment)))
     return specs
 
 
 def router_spec(deployment: Deployment, workers: list[WorkerPlan], chat_template: Path | None,
-                keys_file: Path, python: str = sys.executable) -> ProcessSpec:
-    """The router's process: its argv (:func:`router_argv`, then the key set's file) and its
-    environment, which carries the secrets."""
+                keys_file: Path, python: str = sys.executable,
+                usage_file: Path | None = None) -> ProcessSpec:
+    """The router's process: its argv (:func:`router_argv`, then the key set's file and the
+    usage ledger's) and its environment, which carries the secrets. ``usage_file``: where its
+    usage ledger outlives it (console/gateway/usage.py); without one it meters in memory, as
+    an exported router (k8s_manifests.py) does, whose pod has no volume for it."""
     router_env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     if settings.PDSERVE_API_KEY:
         router_env["PDSERVE_API_KEY"] = settings.PDSERVE_API_KEY
@@ -212,6 +217,8 @@ def router_spec(deployment: Deployment, workers: list[WorkerPlan], chat_template
         router_env["REDIS_URL"] = settings.REDIS_URL
     router_args = [*router_argv(deployment, workers, chat_template, python),
                    "--keys-file", str(keys_file)]
+    if usage_file is not None:
+        router_args += ["--usage-file", str(usage_file)]
     return ProcessSpec(slot="router", role="router", port=deployment.router_port,
                        argv=router_args, env=router_env, host=deployment.router_host)
 

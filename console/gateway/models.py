@@ -104,3 +104,52 @@ class AliasTarget(models.Model):
             models.UniqueConstraint(fields=["alias", "position"], name="alias_target_position"),
             models.UniqueConstraint(fields=["alias", "deployment"], name="alias_target_once"),
         ]
+
+
+class UsageDay(models.Model):
+    """What one deployment served on one UTC day under one key, as its router's usage ledger
+    counts it (``GET /admin/usage``). The counters are the router's day totals, replaced on each
+    read (console/gateway/usage.py says why). The names beside the links stay when a deployment,
+    key or team is deleted, so that its history still reads."""
+
+    day = models.DateField(help_text="the UTC day the answers ended on")
+    deployment = models.ForeignKey("deployments.Deployment", on_delete=models.SET_NULL,
+                                   null=True, blank=True, related_name="usage_days")
+    deployment_name = models.CharField(max_length=100)
+    key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True,
+                            related_name="usage_days")
+    # The key's id as the router reports it: an ApiKey's id, "console" (the playground's own
+    # key) or "" (no key: an open deployment, or PDSERVE_API_KEY). A key id is not unique
+    # across deployments' ledgers, but it is within one, which the constraint below needs.
+    router_key = models.CharField(max_length=64, blank=True)
+    key_prefix = models.CharField(max_length=8, blank=True,
+                                  help_text="the key's public prefix; empty without a known key")
+    # Not indexed alone: the (team, day) index below serves every lookup by team.
+    team = models.ForeignKey("accounts.Team", on_delete=models.SET_NULL, null=True, blank=True,
+                             related_name="usage_days", db_index=False,
+                             help_text="the key's team, or the deployment's for requests "
+                                       "without a key")
+    model = models.CharField(max_length=100, help_text="the deployment's served model name")
+    requests = models.BigIntegerField(default=0)
+    errors = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    latency_ms_sum = models.FloatField(default=0.0)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["day", "deployment_name", "router_key"]
+        constraints = [
+            # Deployment first: the key sync asks, every round, for one deployment's last day
+            # and its rows of the days read (console/gateway/usage.py).
+            models.UniqueConstraint(fields=["deployment_name", "day", "router_key"],
+                                    name="usage_day_once"),
+        ]
+        indexes = [
+            # What readers ask: these teams, these days (the API, the page, /metrics).
+            models.Index(fields=["team", "day"], name="usage_team_day"),
+            models.Index(fields=["day"], name="usage_day"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.deployment_name} {self.key_prefix or self.router_key or '-'}"

@@ -1,5 +1,5 @@
 """The console's side of a router's admin API: the token it is started with, the console's own
-inference key, and the calls that push key sets and read key usage.
+inference key, and the calls that push key sets and read key usage and the usage ledger.
 
 A router that runs but gives no usable answer (timeout, refused connection, error status, a
 body of another shape) is *unreadable*: what it would have said is unknown, which is neither
@@ -14,7 +14,9 @@ import hashlib
 import hmac
 import logging
 from dataclasses import dataclass
+from datetime import date
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 from django.conf import settings
@@ -27,6 +29,8 @@ log = logging.getLogger("pdserve.gateway")
 TIMEOUT_S = 2.0
 # Not hex, so no drawn key prefix can equal it.
 CONSOLE_KEY_PREFIX = "console0"
+# Its id in a router's key set, and so in its usage ledger.
+CONSOLE_KEY_ID = "console"
 
 
 def _derive(purpose: str, deployment: Deployment) -> str:
@@ -147,3 +151,51 @@ def fetch_usage(deployment: Deployment) -> dict[str, Any]:
             and isinstance(data.get("keys"), dict)):
         raise AdminUnreadable(f"GET /admin/keys/usage: not a usage answer: {str(data)[:200]}")
     return data
+
+
+LEDGER_VERSION = 1
+LEDGER_COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens")
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One row of a router's usage ledger: its totals for one UTC day and key id ("" without a
+    key), cumulative since the ledger file was made."""
+
+    day: date
+    key: str
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms_sum: float
+
+
+def _ledger_row(row: Any) -> LedgerRow:
+    """``row`` read as a ledger row; ValueError, TypeError or KeyError when it is none."""
+    counts = {name: row[name] for name in LEDGER_COUNTS}
+    # bool is an int to Python, and a count of True is no count.
+    if any(type(value) is not int or value < 0 for value in counts.values()):
+        raise ValueError(f"counts must be integers >= 0: {counts}")
+    latency = row["latency_ms_sum"]
+    if type(latency) not in (int, float) or not 0 <= latency < float("inf"):
+        raise ValueError(f"latency_ms_sum must be a number >= 0: {latency!r}")
+    if not isinstance(row["key"], str) or not isinstance(row["day"], str):
+        raise TypeError("day and key must be strings")
+    return LedgerRow(day=date.fromisoformat(row["day"]), key=row["key"],
+                     latency_ms_sum=float(latency), **counts)
+
+
+def fetch_usage_ledger(deployment: Deployment, since: date | None = None) -> list[LedgerRow]:
+    """The router's ``GET /admin/usage[?since=YYYY-MM-DD]``: its usage ledger, per UTC day and
+    key. Raises ``AdminUnreadable`` when it gives no such answer (a router without the
+    endpoint, a malformed row): its usage is then unknown, which must not be taken for none."""
+    path = "/usage" + (f"?{urlencode({'since': since.isoformat()})}" if since else "")
+    data = admin_get(deployment, path)
+    if not (isinstance(data, dict) and type(data.get("version")) is int
+            and data["version"] == LEDGER_VERSION and isinstance(data.get("rows"), list)):
+        raise AdminUnreadable(f"GET /admin{path}: not a usage ledger: {str(data)[:200]}")
+    try:
+        return [_ledger_row(row) for row in data["rows"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AdminUnreadable(f"GET /admin{path}: not a usage ledger row ({exc!r})") from exc

@@ -21,7 +21,7 @@ from console.deployments.models import Deployment
 from console.gateway import gateway_process
 from console.gateway.models import LIMIT_FIELDS, ApiKey
 from console.gateway.private_files import write_private
-from console.gateway.router_admin import console_key, push_keys
+from console.gateway.router_admin import CONSOLE_KEY_ID, console_key, push_keys
 from console.gateway.routes_config import gateway_config, in_scope
 from inference.router.keys import key_hash, new_key, public_prefix
 
@@ -128,7 +128,7 @@ def key_set(deployment: Deployment) -> dict[str, Any]:
                         "limits": key.limits()})
     own = console_key(deployment)
     # The console's own key (the playground's), derived from the secret key, never stored.
-    entries.append({"id": "console", "prefix": public_prefix(own), "hash": key_hash(own),
+    entries.append({"id": CONSOLE_KEY_ID, "prefix": public_prefix(own), "hash": key_hash(own),
                     "state": "active", "limits": {}})
     body = {"require_key": any(in_scope(key, deployment) for key in keys), "keys": entries}
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]

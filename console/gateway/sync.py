@@ -2,21 +2,29 @@
 the gateway's configuration is compared with the database (sync_gateway); each running
 router reports key usage (stored as ``last_used_at``) and the version of its key set; a router
 whose version is not the console's (it started while keys changed, or missed a push) gets the
-current set. A router whose usage cannot be read is skipped for the round, logged, and asked
-again the next: the stored times stay as they are, and no key set is pushed on a guess."""
+current set; and its usage ledger's recent days are stored as ``UsageDay`` rows (usage.py). A
+router whose usage or ledger cannot be read is skipped for the round, logged, and asked again
+the next: the stored times and counts stay as they are, and no key set is pushed on a guess."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime
 
 from django.db import connection
 
 from console.deployments.models import Deployment
 from console.gateway import gateway_process
-from console.gateway.router_admin import AdminUnreadable, fetch_usage, push_keys
+from console.gateway.router_admin import (
+    AdminUnreadable,
+    fetch_usage,
+    fetch_usage_ledger,
+    push_keys,
+)
 from console.gateway.routes_config import gateway_config
 from console.gateway.services import key_set, record_usage
+from console.gateway.usage import ledger_since, store_ledger
 from console.supervisor.models import ManagedProcess
 
 log = logging.getLogger("pdserve.gateway")
@@ -50,8 +58,23 @@ class KeySync:
                          usage["version"], wanted["version"])
                 # A failed push is logged there; the next round finds the version behind again.
                 push_keys(deployment, wanted)
+            self.sync_ledger(deployment)
         self.sync_gateway()
         return answered
+
+    @staticmethod
+    def sync_ledger(deployment: Deployment) -> bool:
+        """Store the router's usage ledger from the first day that may have changed on. Returns
+        whether it was read; one that was not keeps the stored rows for the next round."""
+        since = ledger_since(deployment, datetime.now(UTC).date())
+        try:
+            rows = fetch_usage_ledger(deployment, since)
+        except AdminUnreadable as exc:
+            log.warning("usage ledger of %s unreadable (%s); stored usage kept, asking again "
+                        "next round", deployment.name, exc)
+            return False
+        store_ledger(deployment, rows)
+        return True
 
     @staticmethod
     def sync_gateway() -> None:

@@ -235,10 +235,16 @@ def test_a_pd_plan_becomes_valid_objects_running_the_supervisors_commands(
     router = container(named(documents, "Deployment", f"{name}-router"))
     urls = {role: f"http://{name}-{role}.serving.svc:{deployment.workers.get(role=role).port}"
             for role in ("prefill", "decode")}
-    assert router["command"] == with_values(["python3", *supervisor["router"].argv[1:]], {
-        "--host": "0.0.0.0", "--tokenizer": MODEL, "--chat-template": TEMPLATE,
-        "--prefill": urls["prefill"], "--decode": urls["decode"],
-        "--keys-file": "/etc/pdserve/router/keys.json"})
+    # The supervisor's router keeps its usage ledger on the console's disk; an exported one has
+    # no volume for it and meters in memory.
+    supervised = supervisor["router"].argv
+    ledger = supervised.index("--usage-file")
+    assert "--usage-file" not in router["command"]
+    assert router["command"] == with_values(
+        ["python3", *supervised[1:ledger], *supervised[ledger + 2:]], {
+            "--host": "0.0.0.0", "--tokenizer": MODEL, "--chat-template": TEMPLATE,
+            "--prefill": urls["prefill"], "--decode": urls["decode"],
+            "--keys-file": "/etc/pdserve/router/keys.json"})
     parsed = build_parser().parse_args(router["command"][3:])
     assert (parsed.prefill_urls, parsed.decode_urls) == ([urls["prefill"]], [urls["decode"]])
     # Each URL is a Service of the export, on the worker's port.
