@@ -3,11 +3,18 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.db.models import QuerySet
 
 from console.accounts.models import Team
-from console.accounts.roles import visible
+from console.accounts.roles import visible, visible_teams
 from console.deployments.models import Deployment
-from console.gateway.models import LIMIT_FIELDS, MODEL_NAME_HELP, ApiKey
+from console.gateway.models import LIMIT_FIELDS, MODEL_NAME_HELP, ApiKey, UsageDay
+from console.gateway.usage import DIMENSIONS
+from console.query_params import MAX_ID
+
+DAY_FORMAT = "%Y-%m-%d"
+# The usage form's filters (group_by is how, not which rows).
+FILTERS = ("team", "key", "deployment", "model", "since", "until")
 
 
 class ApiKeyForm(forms.ModelForm):
@@ -65,3 +72,77 @@ class ModelAliasForm(forms.Form):
         if unknown:
             raise forms.ValidationError(f"no such deployment: {', '.join(unknown)}")
         return [found[name] for name in names]
+
+
+class UsageFilterForm(forms.Form):
+    """The usage filters, one form for the page and the API: a bad value is an error keyed by
+    its parameter (a 400 naming it). Ids are plain integers, not choices: another team's id is
+    no error, it matches nothing the reader can see (the rows are scoped before filtering)."""
+
+    team = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID,
+                              help_text="a team's id")
+    key = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID,
+                             help_text="an API key's id")
+    deployment = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID,
+                                    help_text="a deployment's id")
+    model = forms.CharField(required=False, max_length=100, help_text="a served model name")
+    since = forms.DateField(required=False, input_formats=[DAY_FORMAT], label="From",
+                            help_text="first UTC day, YYYY-MM-DD, inclusive")
+    until = forms.DateField(required=False, input_formats=[DAY_FORMAT], label="To",
+                            help_text="last UTC day, YYYY-MM-DD, inclusive")
+    group_by = forms.CharField(required=False, max_length=100,
+                               help_text=f"one or more of {', '.join(DIMENSIONS)}, separated by "
+                                         "commas; default: day")
+
+    def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
+        """``user``: the page's reader, whose teams, keys and models its selects offer."""
+        super().__init__(*args, **kwargs)
+        if user is None:
+            return
+        usage = visible(UsageDay.objects.all(), user)
+        teams = visible_teams(user).order_by("name")
+        keys = visible(ApiKey.objects.order_by("name"), user)
+        models = sorted(set(usage.values_list("model", flat=True).distinct()))
+        # Widgets only: what is accepted stays any id, as the API accepts it.
+        for name, choices in (("team", [(t.pk, t.name) for t in teams]),
+                              ("key", [(k.pk, f"{k.name} ({k.display_prefix})") for k in keys]),
+                              ("model", [(m, m) for m in models])):
+            self.fields[name].widget = forms.Select(choices=[("", "all"), *choices])
+        for name in ("since", "until"):
+            self.fields[name].widget = forms.DateInput(attrs={"type": "date"})
+
+    def clean_group_by(self) -> list[str]:
+        raw = self.cleaned_data.get("group_by") or "day"
+        names = [name.strip() for name in raw.split(",")]
+        unknown = [name for name in names if name not in DIMENSIONS]
+        if unknown:
+            raise forms.ValidationError(
+                f"expected one or more of {', '.join(DIMENSIONS)}, got {', '.join(map(repr, unknown))}")
+        if len(set(names)) != len(names):
+            raise forms.ValidationError("a dimension appears twice")
+        return names
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        since, until = data.get("since"), data.get("until")
+        if since is not None and until is not None and since > until:
+            self.add_error("until", "must not be before since")
+        return data
+
+    def filter(self, rows: QuerySet[UsageDay]) -> QuerySet[UsageDay]:
+        """``rows`` narrowed to the cleaned filters (call after ``is_valid``)."""
+        data = self.cleaned_data
+        for name in ("team", "key", "deployment"):
+            if data.get(name) is not None:
+                rows = rows.filter(**{f"{name}_id": data[name]})
+        if data.get("model"):
+            rows = rows.filter(model=data["model"])
+        if data.get("since") is not None:
+            rows = rows.filter(day__gte=data["since"])
+        if data.get("until") is not None:
+            rows = rows.filter(day__lte=data["until"])
+        return rows
+
+    def query(self) -> dict[str, str]:
+        """The filters as given, non-empty ones only, for links that carry them."""
+        return {name: str(self.data[name]) for name in FILTERS if self.data.get(name)}

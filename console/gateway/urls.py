@@ -9,4 +9,5 @@ urlpatterns = [
     path("gateway/", views.gateway, name="gateway"),
     path("gateway/aliases/new/", views.alias_new, name="alias-new"),
     path("gateway/aliases/<int:pk>/delete/", views.alias_delete, name="alias-delete"),
+    path("usage/", views.usage, name="usage"),
 ]

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlencode
+
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from console.accounts.models import Role, Team
@@ -11,10 +15,11 @@ from console.accounts.roles import may, require, visible, visible_teams
 from console.deployments.models import Deployment
 from console.gateway import gateway_process
 from console.gateway.aliases import create_alias, delete_alias
-from console.gateway.forms import ApiKeyForm, ModelAliasForm
-from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias
+from console.gateway.forms import ApiKeyForm, ModelAliasForm, UsageFilterForm
+from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias, UsageDay
 from console.gateway.routes_config import states
 from console.gateway.services import create_key, revoke_key, scope_errors
+from console.gateway.usage import aggregate, latency_ms_avg
 from console.supervisor.models import ManagedProcess
 
 
@@ -127,3 +132,35 @@ def alias_delete(request: HttpRequest, pk: int) -> HttpResponse:
     require(request.user, alias.team_id, Role.OPERATOR)
     delete_alias(alias)
     return redirect("gateway")
+
+
+# The page opens on the last 30 days; an empty "From" shows every day stored.
+USAGE_DAYS = 30
+# The table's groups: no-key requests of two teams stay apart.
+USAGE_TABLE = ["team", "key", "model"]
+# The page's filters (the API also takes deployment and group_by).
+PAGE_FILTERS = ("team", "key", "model", "since", "until")
+
+
+@login_required
+@require_GET
+def usage(request: HttpRequest) -> HttpResponse:
+    """Usage of the reader's teams: filters, a chart of tokens per day and a table per key and
+    model (static/gateway/usage.js redraws both from the API every 10 s)."""
+    query = request.GET.copy()
+    if "since" not in query and "until" not in query:
+        query["since"] = (datetime.now(UTC).date() - timedelta(days=USAGE_DAYS - 1)).isoformat()
+    form = UsageFilterForm(query, user=request.user)
+    fields = [form[name] for name in PAGE_FILTERS]
+    if not form.is_valid():
+        return render(request, "gateway/usage.html", {"form": form, "fields": fields},
+                      status=400)
+    rows = list(aggregate(form.filter(visible(UsageDay.objects.all(), request.user)),
+                          USAGE_TABLE))
+    for row in rows:
+        row["latency_ms_avg"] = latency_ms_avg(row)
+    filters = urlencode(form.query())
+    return render(request, "gateway/usage.html", {
+        "form": form, "fields": fields, "rows": rows, "filters": filters,
+        "api": reverse("usage-list"), "export": f"{reverse('usage-export')}?{filters}",
+    })

@@ -1,6 +1,6 @@
 """Two teams and one of every object, for the tests generated from the URL list.
 
-Team ``alpha`` owns a deployment, its process, key, gate result and audit entry; team
+Team ``alpha`` owns a deployment, its process, key, usage, gate result and audit entry; team
 ``bravo`` owns the same kinds of object. Users: a superuser, alpha's viewer, operator and admin,
 and bravo's admin, who is an outsider to everything of alpha's.
 """
@@ -23,7 +23,7 @@ from console.deployments.defaults import ensure_default_deployment
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import Node
 from console.gateway.aliases import create_alias
-from console.gateway.models import ApiKey, ModelAlias
+from console.gateway.models import ApiKey, ModelAlias, UsageDay
 from console.gateway.services import create_key
 from console.quality.models import GateResult, VariantMeasurement
 from console.rollouts import revisions as revision_store
@@ -111,6 +111,15 @@ def _alerting(deployment: Deployment, user: User
     return rule, alert, silence, notifier, delivery
 
 
+def _usage(deployment: Deployment, key: ApiKey) -> UsageDay:
+    """A day of the key's use of the deployment, as the key sync stores a router's ledger."""
+    return UsageDay.objects.create(
+        day=timezone.now().date(), deployment=deployment, deployment_name=deployment.name,
+        key=key, router_key=str(key.pk), key_prefix=key.prefix, team=key.team,
+        model=deployment.served_model_name, requests=3, errors=1, prompt_tokens=120,
+        completion_tokens=48, latency_ms_sum=812.5)
+
+
 def _gate(deployment: Deployment) -> GateResult:
     return GateResult.objects.create(deployment=deployment, trigger=GateResult.Trigger.DEMAND,
                                      state=GateResult.State.PASSED, prompts=1, min_agreement=0.9,
@@ -161,8 +170,8 @@ def build_world(tmp_path: Path) -> World:
     with acting_as("command", "world"):
         key, _ = create_key(name="alpha-key", team=alpha, deployments=[deployment],
                             all_deployments=False, limits={}, user=users["admin"])
-        create_key(name="bravo-key", team=bravo, deployments=[other], all_deployments=False,
-                   limits={}, user=users["outsider"])
+        bravo_key, _ = create_key(name="bravo-key", team=bravo, deployments=[other],
+                                  all_deployments=False, limits={}, user=users["outsider"])
         alias = create_alias(name="alpha-alias", team=alpha, targets=[deployment],
                              user=users["admin"])
         create_alias(name="bravo-alias", team=bravo, targets=[other], user=users["outsider"])
@@ -170,6 +179,8 @@ def build_world(tmp_path: Path) -> World:
                        after={"concurrency": 2})
     _process(other, 9102)
     _gate(other)
+    _usage(deployment, key)
+    _usage(other, bravo_key)
     variant = worker.variant
     node = Node.objects.get(is_local=True)
     job = QuantizationJob.objects.create(base=deployment.base_model, source=variant, name="w8",

@@ -8,6 +8,7 @@ from console.accounts.models import Team
 from console.accounts.roles import visible
 from console.deployments.models import Deployment
 from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias
+from console.gateway.usage import latency_ms_avg
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
@@ -115,3 +116,41 @@ class ModelAliasSerializer(serializers.ModelSerializer):
         if unknown:
             raise serializers.ValidationError(f"no such deployment: {', '.join(unknown)}")
         return [found[name] for name in names]
+
+
+class UsageRowSerializer(serializers.Serializer):
+    """One group of stored usage: the fields of the dimensions grouped by (those of the others
+    are left out), then the group's sums."""
+
+    day = serializers.DateField(required=False, help_text="the UTC day (group_by day)")
+    team = serializers.IntegerField(required=False, allow_null=True,
+                                    help_text="the team's id (group_by team)")
+    team_name = serializers.CharField(required=False, allow_null=True)
+    key = serializers.IntegerField(required=False, allow_null=True,
+                                   help_text="the API key's id; null without a key the console "
+                                             "knows (group_by key)")
+    key_prefix = serializers.CharField(
+        required=False, help_text="the key's public prefix; 'console0' for the playground's "
+                                  "key, empty for requests without a key")
+    key_name = serializers.CharField(required=False, allow_null=True)
+    model = serializers.CharField(required=False, help_text="served model name (group_by model)")
+    deployment = serializers.IntegerField(required=False, allow_null=True,
+                                          help_text="the deployment's id; null once deleted "
+                                                    "(group_by deployment)")
+    deployment_name = serializers.CharField(required=False)
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField(help_text="answered >= 400, or a stream that failed")
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    latency_ms_avg = serializers.SerializerMethodField(
+        help_text="mean time from arrival to the end of the answer, in ms; null without requests")
+
+    def get_latency_ms_avg(self, row: dict[str, Any]) -> float | None:
+        return latency_ms_avg(row)
+
+    def to_representation(self, instance: dict[str, Any]) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        # DRF fills a nullable field the row lacks with null: a dimension not grouped by is
+        # left out instead, so that null keeps meaning "no key", "deleted deployment".
+        return {name: value for name, value in data.items()
+                if name in instance or name == "latency_ms_avg"}

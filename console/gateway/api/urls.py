@@ -1,7 +1,16 @@
-from console.api_router import api_router
-from console.gateway.api.views import ApiKeyViewSet, ModelAliasViewSet
+from console.api_router import api_path, api_router
+from console.gateway.api.views import (
+    ApiKeyViewSet,
+    ModelAliasViewSet,
+    UsageExportView,
+    UsageViewSet,
+)
 
 router = api_router()
 router.register("keys", ApiKeyViewSet, basename="apikey")
 router.register("aliases", ModelAliasViewSet, basename="modelalias")
-urlpatterns = router.urls
+router.register("usage", UsageViewSet, basename="usage")
+urlpatterns = [
+    api_path("usage/export.csv", UsageExportView.as_view(), name="usage-export"),
+    *router.urls,
+]

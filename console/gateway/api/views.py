@@ -1,15 +1,27 @@
 from __future__ import annotations
 
+import csv
+import io
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from console.accounts.models import Role, Team
 from console.accounts.permissions import TeamRole
@@ -19,9 +31,13 @@ from console.gateway.api.serializers import (
     ApiKeySerializer,
     CreatedApiKeySerializer,
     ModelAliasSerializer,
+    UsageRowSerializer,
 )
-from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias
+from console.gateway.forms import FILTERS as USAGE_FILTERS
+from console.gateway.forms import UsageFilterForm
+from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias, UsageDay
 from console.gateway.services import create_key, revoke_key, scope_errors, update_key
+from console.gateway.usage import aggregate
 
 
 def operated_team(request: Request, data: dict[str, Any]) -> Team:
@@ -113,3 +129,90 @@ class ModelAliasViewSet(viewsets.ModelViewSet):
 
     def perform_destroy(self, instance: ModelAlias) -> None:
         delete_alias(instance)
+
+
+def usage_filters(request: Request) -> UsageFilterForm:
+    """The request's usage filters, cleaned; a 400 naming each bad one."""
+    form = UsageFilterForm(request.query_params)
+    if not form.is_valid():
+        raise ValidationError({name: list(messages) for name, messages in form.errors.items()})
+    return form
+
+
+def _parameter_schema(field: forms.Field) -> dict[str, Any]:
+    if isinstance(field, forms.IntegerField):
+        return {"type": "integer", "minimum": field.min_value, "maximum": field.max_value}
+    if isinstance(field, forms.DateField):
+        return {"type": "string", "format": "date"}
+    return {"type": "string", "maxLength": field.max_length}
+
+
+def _parameters(names: Iterable[str]) -> list[OpenApiParameter]:
+    fields = UsageFilterForm.base_fields
+    return [OpenApiParameter(name, _parameter_schema(fields[name]),
+                             description=str(fields[name].help_text)) for name in names]
+
+
+@extend_schema_view(list=extend_schema(
+    parameters=_parameters([*USAGE_FILTERS, "group_by"]),
+    description="Stored usage (the routers' ledgers, read every 5 s) summed per group: by day "
+                "unless group_by names other dimensions. Only your teams' usage is counted; "
+                "a filter on another team's id matches nothing."))
+class UsageViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Usage per day, key, team, model or deployment: read only."""
+
+    serializer_class = UsageRowSerializer
+    permission_classes = [TeamRole]
+
+    def get_queryset(self) -> QuerySet[UsageDay]:
+        form = usage_filters(self.request)
+        rows = form.filter(visible(UsageDay.objects.all(), self.request.user))
+        return aggregate(rows, form.cleaned_data["group_by"])
+
+
+EXPORT_COLUMNS = ("day", "team", "key_prefix", "key_name", "deployment", "model", "requests",
+                  "errors", "prompt_tokens", "completion_tokens", "latency_ms_sum")
+# A spreadsheet runs a cell that starts with one of these as a formula: a key's name is the
+# client's text, so such a cell is quoted as text (as the audit export does).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return "" if value is None else value
+
+
+def _export_lines(rows: QuerySet[UsageDay]) -> Iterator[str]:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(EXPORT_COLUMNS)
+    for row in rows.iterator(chunk_size=2000):
+        writer.writerow([_cell(value) for value in (
+            row.day.isoformat(), row.team.name if row.team else "", row.key_prefix,
+            row.key.name if row.key else "", row.deployment_name, row.model, row.requests,
+            row.errors, row.prompt_tokens, row.completion_tokens, row.latency_ms_sum)])
+        yield out.getvalue()
+        out.seek(0)
+        out.truncate()
+    yield out.getvalue()
+
+
+class UsageExportView(APIView):
+    """The stored usage rows, one per day, deployment and key, as CSV."""
+
+    permission_classes = [TeamRole]
+
+    @extend_schema(
+        parameters=_parameters(USAGE_FILTERS),
+        responses={(200, "text/csv"): OpenApiResponse(
+            OpenApiTypes.STR, description=f"a header row ({', '.join(EXPORT_COLUMNS)}), then "
+                                          "one row per stored day, deployment and key")})
+    def get(self, request: Request) -> StreamingHttpResponse:
+        form = usage_filters(request)
+        rows = form.filter(visible(UsageDay.objects.select_related("team", "key"), request.user))
+        response = StreamingHttpResponse(
+            _export_lines(rows.order_by("day", "deployment_name", "key_prefix", "router_key")),
+            content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = 'attachment; filename="pdserve-usage.csv"'
+        return response
