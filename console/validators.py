@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from typing import Any
 
+from django import forms
 from django.core.exceptions import ValidationError
 
 
@@ -26,3 +28,11 @@ def validate_core_list(value: str) -> None:
     parts = value.split(",")
     if not all(part.strip().isdigit() for part in parts):
         raise ValidationError(f"expected comma-separated core numbers like '0,1', got {value!r}")
+
+
+def since_not_after_until(form: forms.Form, data: dict[str, Any]) -> None:
+    """A filter form's ``since``..``until`` range: ``until`` before ``since`` is an error on
+    ``until`` (the API's 400 names it)."""
+    since, until = data.get("since"), data.get("until")
+    if since is not None and until is not None and since > until:
+        form.add_error("until", "must not be before since")

@@ -9,6 +9,7 @@ from django import forms
 from django.db.models import QuerySet
 
 from console.audit.models import AuditEntry
+from console.validators import since_not_after_until
 
 # An action ending in this is a prefix: "deployment." matches deployment.start and the rest.
 PREFIX_END = "."
@@ -27,9 +28,7 @@ class AuditFilterForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        since, until = data.get("since"), data.get("until")
-        if since is not None and until is not None and since > until:
-            self.add_error("until", "must not be before since")
+        since_not_after_until(self, data)
         return data
 
     def filter(self, entries: QuerySet[AuditEntry]) -> QuerySet[AuditEntry]:

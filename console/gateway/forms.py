@@ -11,6 +11,7 @@ from console.deployments.models import Deployment
 from console.gateway.models import LIMIT_FIELDS, MODEL_NAME_HELP, ApiKey, UsageDay
 from console.gateway.usage import DIMENSIONS
 from console.query_params import MAX_ID
+from console.validators import since_not_after_until
 
 DAY_FORMAT = "%Y-%m-%d"
 # The usage form's filters (group_by is how, not which rows).
@@ -124,9 +125,7 @@ class UsageFilterForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        since, until = data.get("since"), data.get("until")
-        if since is not None and until is not None and since > until:
-            self.add_error("until", "must not be before since")
+        since_not_after_until(self, data)
         return data
 
     def filter(self, rows: QuerySet[UsageDay]) -> QuerySet[UsageDay]:
