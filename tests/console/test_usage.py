@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from console.supervisor.models import ManagedProcess
 from tests.console.sockets import listening, wait_for
 from tests.console.tiny_models import make_plan, make_startable
 from tests.console.tokens import token_for
+from tests.json_handler import JsonHandler
 
 pytestmark = pytest.mark.django_db
 
@@ -119,11 +120,8 @@ class AdminStub(ThreadingHTTPServer):
                        else json.dumps({"version": 1, "rows": rows or []}).encode())
 
 
-class _AdminHandler(BaseHTTPRequestHandler):
+class _AdminHandler(JsonHandler):
     server: AdminStub
-
-    def log_message(self, *_args: object) -> None:
-        return None
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self.server.asked.append(self.path)
@@ -131,11 +129,7 @@ class _AdminHandler(BaseHTTPRequestHandler):
             status, body = self.server.ledger
         else:
             status, body = 200, json.dumps({"version": self.server.version, "keys": {}}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_bytes(status, body)
 
 
 @dataclass
@@ -533,30 +527,20 @@ class Worker(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _WorkerHandler)
 
 
-class _WorkerHandler(BaseHTTPRequestHandler):
-    def log_message(self, *_args: object) -> None:
-        return None
-
-    def _json(self, status: int, body: dict[str, Any]) -> None:
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+class _WorkerHandler(JsonHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        self._json(200, {})
+        self.send_json(200, {})
 
     def do_POST(self) -> None:  # noqa: N802
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt, wanted = request["prompt"], request["max_tokens"]
         if wanted == FAIL:
-            self._json(400, {"error": {"message": "refused", "type": "BadRequestError",
+            self.send_json(400, {"error": {"message": "refused", "type": "BadRequestError",
                                        "param": "prompt", "code": 400}})
             return
         prompt_tokens = len(prompt)
-        self._json(200, {"id": "cmpl-x", "object": "text_completion", "model": request["model"],
+        self.send_json(200, {"id": "cmpl-x", "object": "text_completion", "model": request["model"],
                          "choices": [{"index": 0, "text": " x" * wanted,
                                       "finish_reason": "length"}],
                          "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": wanted,

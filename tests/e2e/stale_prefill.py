@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from tests.json_handler import JsonHandler
 
 
 class StaleHandoffPrefill(ThreadingHTTPServer):
@@ -21,27 +23,16 @@ class StaleHandoffPrefill(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _StaleHandler)
 
 
-class _StaleHandler(BaseHTTPRequestHandler):
+class _StaleHandler(JsonHandler):
     server: StaleHandoffPrefill
 
-    def log_message(self, *_args: object) -> None:
-        return None
-
-    def _send(self, status: int, body: dict[str, object]) -> None:
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        self._send(200, {})
+        self.send_json(200, {})
 
     def do_POST(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         ids = self.server.tokenizer(body["prompt"])["input_ids"]
-        self._send(200, {
+        self.send_json(200, {
             "id": "cmpl-stale", "object": "text_completion", "model": body["model"],
             "choices": [{"index": 0, "text": "", "finish_reason": "length",
                          "prompt_token_ids": ids}],
