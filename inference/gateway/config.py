@@ -4,18 +4,26 @@ aliases over them, and the inference keys with the deployments each may use (has
 It arrives as JSON, from ``--config-file`` at start and from ``PUT /admin/config`` at run time::
 
     {"version": "3f2a...", "require_key": true,
+     "queue": {"max_queue": 64, "timeout_s": 60},
      "deployments": [{"name": "smollm2", "served_model_name": "smollm2-135m",
                       "router": "http://127.0.0.1:8080", "state": "running", "team": "default",
-                      "require_key": true}],
+                      "require_key": true, "max_concurrency": 8}],
      "aliases": [{"name": "chat", "targets": ["smollm2", "other"]}],
      "keys": [{"id": 3, "prefix": "ab12cd34", "hash": "<sha256 hex>", "state": "active",
-               "deployments": ["smollm2"]}]}
+               "deployments": ["smollm2"], "team": "default", "priority": "normal",
+               "priority_header": false}]}
 
 ``router`` is null while a deployment has no running router. A deployment's ``require_key``
 (optional, the top-level value by default) false leaves it open, as its own router is: any
 caller may use it, with a key or none. The top-level ``require_key`` true refuses every request
 without a valid key. An alias's targets are deployment names in fallback order. Fields not
-named here are ignored, so that the console may send more than this gateway reads. Everything
+named here are ignored, so that the console may send more than this gateway reads.
+
+A deployment's ``max_concurrency`` (optional, 0: none) is how many requests the gateway lets in
+flight to it at once; past it they wait in the gateway's priority queues (flow_control.py),
+bounded by ``queue``. A key's ``priority`` is its band (flow_control.BANDS) and its ``team`` its
+fairness flow; ``priority_header`` true lets its requests choose a band up to its own and
+their own flow with the X-Pdserve-Priority and X-Pdserve-Fairness-Id headers. Everything
 is checked before anything is used: a configuration is taken whole or refused whole, with a
 RequestError naming the offending field by its JSON path.
 """
@@ -28,6 +36,7 @@ from typing import Any
 
 from yarl import URL
 
+from inference.gateway.flow_control import BANDS, DEFAULT_BAND, DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
 from inference.router.keys import key_entry, load_console_file
 from inference.router.prompts import RequestError
 
@@ -42,6 +51,7 @@ class Deployment:
     state: str
     team: str
     require_key: bool = True
+    max_concurrency: int = 0  # 0: no gateway queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +67,15 @@ class Key:
     hash: str  # lower-case SHA-256 hex of the whole key
     state: str
     deployments: frozenset[str]  # the names of the deployments the key may use
+    team: str = ""  # the fairness flow of its requests; "" for the key's own flow
+    priority: str = DEFAULT_BAND
+    priority_header: bool = False  # may its requests choose their band and flow?
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    max_queue: int = DEFAULT_MAX_QUEUE  # requests waiting per deployment
+    timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +85,7 @@ class GatewayConfig:
     deployments: tuple[Deployment, ...] = ()
     aliases: tuple[Alias, ...] = ()
     keys: tuple[Key, ...] = ()
+    queue: QueueSettings = QueueSettings()
 
 
 def parse_config(data: Any) -> GatewayConfig:
@@ -83,7 +103,7 @@ def parse_config(data: Any) -> GatewayConfig:
     served = {deployment.served_model_name for deployment in deployments}
     aliases = _aliases(_list(data, "aliases"), names, served)
     keys = _keys(_list(data, "keys"), names)
-    return GatewayConfig(version, require_key, deployments, aliases, keys)
+    return GatewayConfig(version, require_key, deployments, aliases, keys, _queue(data.get("queue")))
 
 
 def load_config_file(path: str | Path) -> GatewayConfig:
@@ -160,8 +180,12 @@ def _deployments(entries: list[Any], require_key: bool) -> tuple[Deployment, ...
         if not isinstance(closed, bool):
             raise RequestError(400, f"'{where}.require_key' must be a boolean",
                                param=f"{where}.require_key")
+        limit = entry.get("max_concurrency", 0)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= 1_000_000:
+            raise RequestError(400, f"'{where}.max_concurrency' must be an integer from 0 (no "
+                                    "gateway queue) to 1000000", param=f"{where}.max_concurrency")
         deployments.append(Deployment(name, served_name, router, _text(entry, "state", where),
-                                      _text(entry, "team", where), closed))
+                                      _text(entry, "team", where), closed, limit))
         names.add(name)
     return tuple(deployments)
 
@@ -212,6 +236,33 @@ def _keys(entries: list[Any], names: set[str]) -> tuple[Key, ...]:
             if not isinstance(name, str) or name not in names:
                 param = f"{where}.deployments[{position}]"
                 raise RequestError(400, f"'{param}': no deployment named {name!r}", param=param)
-        keys.append(Key(key_id, prefix, digest, state, frozenset(allowed)))
+        team = entry.get("team", "")
+        if not isinstance(team, str):
+            raise RequestError(400, f"'{where}.team' must be a string", param=f"{where}.team")
+        priority = entry.get("priority", DEFAULT_BAND)
+        if priority not in BANDS:
+            raise RequestError(400, f"'{where}.priority' must be one of {', '.join(BANDS)}",
+                               param=f"{where}.priority")
+        header = entry.get("priority_header", False)
+        if not isinstance(header, bool):
+            raise RequestError(400, f"'{where}.priority_header' must be a boolean",
+                               param=f"{where}.priority_header")
+        keys.append(Key(key_id, prefix, digest, state, frozenset(allowed), team, priority, header))
         prefixes.add(prefix)
     return tuple(keys)
+
+
+def _queue(value: Any) -> QueueSettings:
+    if value is None:
+        return QueueSettings()
+    entry = _object(value, "queue")
+    max_queue = entry.get("max_queue", DEFAULT_MAX_QUEUE)
+    if not isinstance(max_queue, int) or isinstance(max_queue, bool) or not 0 <= max_queue <= 100_000:
+        raise RequestError(400, "'queue.max_queue' must be an integer from 0 to 100000",
+                           param="queue.max_queue")
+    timeout = entry.get("timeout_s", DEFAULT_QUEUE_TIMEOUT_S)
+    if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
+            or not 0 < timeout <= 3600):
+        raise RequestError(400, "'queue.timeout_s' must be a number of seconds above 0, at most 3600",
+                           param="queue.timeout_s")
+    return QueueSettings(max_queue, float(timeout))

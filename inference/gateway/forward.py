@@ -14,6 +14,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from inference.gateway.config import Deployment
+from inference.gateway.flow_control import FlowControl, Refused
 from inference.gateway.metrics import GatewayMetrics
 from inference.gateway.routes import Route
 from inference.router.upstream import describe, error_response, sse_error_message
@@ -43,8 +44,9 @@ class Unanswered(Exception):
 
 
 class Forwarder:
-    def __init__(self, metrics: GatewayMetrics):
+    def __init__(self, metrics: GatewayMetrics, flows: FlowControl):
         self.metrics = metrics
+        self.flows = flows
         self.session: aiohttp.ClientSession | None = None
 
     async def open(self, _app: web.Application) -> None:
@@ -59,8 +61,10 @@ class Forwarder:
             await self.session.close()
 
     async def forward(self, request: web.Request, raw: bytes, body: dict[str, Any], route: Route,
-                      targets: tuple[Deployment, ...], request_id: str) -> web.StreamResponse:
-        """The first answer of ``targets`` in order. The request's path was checked by the
+                      targets: tuple[Deployment, ...], request_id: str,
+                      band: str, flow: str) -> web.StreamResponse:
+        """The first answer of ``targets`` in order, each waiting its turn in the target's
+        queue (``band``, ``flow``) where it has one. The request's path was checked by the
         caller: it goes on as the client sent it."""
         headers = upstream_headers(request.headers, request_id)
         reasons: list[str] = []
@@ -77,8 +81,8 @@ class Forwarder:
             # target's own name in the body.
             data = _with_model(body, target.served_model_name) if route.alias else raw
             try:
-                response = await self._call(request, target.router + request.raw_path, target,
-                                            route.model, data, headers, request_id)
+                response = await self._admitted(request, target.router + request.raw_path, target,
+                                                route.model, data, headers, request_id, band, flow)
             except Unanswered as exc:
                 reasons.append(f"{target.name}: {exc.reason}")
                 if exc.answer is not None:
@@ -94,6 +98,29 @@ class Forwarder:
         return error_response(
             503, f"no deployment of model '{route.model}' is running ({'; '.join(reasons)})",
             request_id, param="model", code="model_unavailable", headers={"Retry-After": RETRY_AFTER_S})
+
+    async def _admitted(self, request: web.Request, url: str, target: Deployment, model: str,
+                        data: bytes, headers: CIMultiDict[str], request_id: str, band: str,
+                        flow: str) -> web.StreamResponse:
+        """``_call`` once the target's queue lets the request in; a refusal is Unanswered, so
+        that an alias's next target may serve the request."""
+        queue = self.flows.queue(target.name)
+        if queue is None:
+            return await self._call(request, url, target, model, data, headers, request_id)
+        try:
+            waited = await queue.acquire(band, flow)
+        except Refused as exc:
+            self.metrics.shed.labels(target.name, band, exc.code).inc()
+            raise Unanswered(f"{exc.code} in the {band!r} band", error_response(
+                exc.status, exc.message, request_id, code=exc.code,
+                headers={"Retry-After": str(exc.retry_after_s), DEPLOYMENT_HEADER: target.name}),
+            ) from None
+        self.metrics.queue_seconds.labels(target.name, band).observe(waited)
+        started = time.monotonic()
+        try:
+            return await self._call(request, url, target, model, data, headers, request_id)
+        finally:
+            queue.release(time.monotonic() - started)
 
     async def _call(self, request: web.Request, url: str, target: Deployment, model: str,
                     data: bytes, headers: CIMultiDict[str], request_id: str) -> web.StreamResponse:

@@ -61,13 +61,18 @@ class RouteTable:
         and each deployment's router checks what it is sent). A caller without a key may use
         the open ones, unless the configuration requires a key of every request. Raises
         AuthFailure."""
+        return self.caller(authorization)[0]
+
+    def caller(self, authorization: str) -> tuple[frozenset[str] | None, Key | None]:
+        """The caller's scope (as ``scope``) and its key, None when it sent none or none is
+        checked. Raises AuthFailure."""
         # hot path: runs once per request
         if not self.checks_keys:
-            return None
+            return None, None
         if not authorization:
             if self.config.require_key:
                 raise AuthFailure("missing", "missing API key (send 'Authorization: Bearer <key>')")
-            return self.open
+            return self.open, None
         token = authorization[7:] if authorization[:7].lower() == "bearer " else ""
         prefix = public_prefix(token)
         entry = self.keys.get(prefix) if prefix else None
@@ -76,7 +81,7 @@ class RouteTable:
         key, scope = entry
         if key.state == "revoked":
             raise AuthFailure("revoked", f"API key {KEY_PREFIX}{key.prefix}... has been revoked")
-        return scope
+        return scope, key
 
     def targets(self, model: str, scope: frozenset[str] | None) -> tuple[Route, tuple[Deployment, ...]]:
         """The model's route and the targets of it the caller may use, in order; raises the 404

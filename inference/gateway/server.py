@@ -6,6 +6,7 @@
     GET  /v1/models         what the caller's key may use
     GET  /health, /metrics
     PUT  /admin/config      a whole new configuration (config.py); GET answers its summary
+    GET  /admin/queues      the queues of saturated deployments (flow_control.py)
 
 The admin API is guarded by its own bearer token from ``PDSERVE_GATEWAY_ADMIN_TOKEN`` (never a
 flag: ``ps`` shows argv), and is off while that is unset.
@@ -25,9 +26,10 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from inference.gateway.config import GatewayConfig, load_config_file, parse_config
+from inference.gateway.config import GatewayConfig, Key, load_config_file, parse_config
+from inference.gateway.flow_control import BAND_RANK, BANDS, DEFAULT_BAND, FlowControl
 from inference.gateway.forward import Forwarder
-from inference.gateway.metrics import GatewayMetrics
+from inference.gateway.metrics import GatewayMetrics, QueueCollector
 from inference.gateway.routes import RouteTable
 from inference.router.client_input import openai_errors, parse_json
 from inference.router.keys import AuthFailure
@@ -38,6 +40,12 @@ log = logging.getLogger("pdserve.gateway")
 
 ADMIN_TOKEN_ENV = "PDSERVE_GATEWAY_ADMIN_TOKEN"
 CONFIG_PATH = "/admin/config"
+QUEUES_PATH = "/admin/queues"
+# A request's own priority band and fairness flow, for a key that may set them.
+PRIORITY_HEADER = "X-Pdserve-Priority"
+FLOW_HEADER = "X-Pdserve-Fairness-Id"
+MAX_FLOW_CHARS = 64
+ANONYMOUS_FLOW = "anonymous"
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,9 @@ class Gateway:
     def __init__(self, config: GatewayConfig | None = None, admin_token: str | None = None,
                  max_body_bytes: int = Settings.max_body_bytes):
         self.metrics = GatewayMetrics.create()
-        self.forwarder = Forwarder(self.metrics)
+        self.flows = FlowControl()
+        self.metrics.registry.register(QueueCollector(self.flows))
+        self.forwarder = Forwarder(self.metrics, self.flows)
         self.max_body_bytes = max_body_bytes
         self._admin_bearer = f"Bearer {admin_token}".encode() if admin_token else None
         self.table: RouteTable
@@ -66,6 +76,8 @@ class Gateway:
         """Serve with ``config`` from the next request on; requests in flight keep the table
         they started with."""
         self.table = RouteTable(config)
+        self.flows.configure({d.name: d.max_concurrency for d in config.deployments},
+                             config.queue.max_queue, config.queue.timeout_s)
         self.metrics.config_applied(config.version)
         log.info("configuration %s: %d deployments (%d with a router, %d open), %d aliases, %d keys%s",
                  config.version or "(no version)", len(config.deployments),
@@ -83,6 +95,7 @@ class Gateway:
         app.router.add_post("/v1/{tail:.+}", self.infer)
         app.router.add_get(CONFIG_PATH, self.config_summary)
         app.router.add_put(CONFIG_PATH, self.replace_config)
+        app.router.add_get(QUEUES_PATH, self.queues)
         return app
 
     # ---- the OpenAI API --------------------------------------------------------------
@@ -99,7 +112,7 @@ class Gateway:
         table = self.table
         # The key first: a refused key costs no reading and no parsing.
         try:
-            scope = table.scope(request.headers.get("Authorization", ""))
+            scope, key = table.caller(request.headers.get("Authorization", ""))
         except AuthFailure as exc:
             self.metrics.answered("", "", 401)
             return self._unauthorized(exc, request_id)
@@ -116,6 +129,7 @@ class Gateway:
                 raise RequestError(400, "'model' is required: the name of a model (see GET /v1/models)",
                                    param="model")
             route, targets = table.targets(model, scope)
+            band, flow = priority_of(request, key)
         except AuthFailure as exc:
             self.metrics.answered(model, "", 401)
             return self._unauthorized(exc, request_id)
@@ -123,7 +137,8 @@ class Gateway:
             known = isinstance(model, str) and model in table.routes
             self.metrics.answered(model if known else "", "", exc.status)
             return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
-        return await self.forwarder.forward(request, raw, body, route, targets, request_id)
+        return await self.forwarder.forward(request, raw, body, route, targets, request_id,
+                                            band, flow)
 
     async def models(self, request: web.Request) -> web.Response:
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
@@ -168,6 +183,17 @@ class Gateway:
             return denied
         return web.json_response(_summary(self.table.config))
 
+    async def queues(self, request: web.Request) -> web.Response:
+        """Each queued deployment's requests in flight, its limit and who waits, by band and
+        flow (the console's gateway page)."""
+        if (denied := self._admin_denied(request)) is not None:
+            return denied
+        return web.json_response({"deployments": [
+            {"deployment": name, "in_flight": stats.in_flight, "limit": stats.limit,
+             "waiting": [{"band": band, "flow": flow, "requests": count}
+                         for (band, flow), count in sorted(stats.waiting.items())]}
+            for name, stats in ((name, queue.stats()) for name, queue in self.flows.queues.items())]})
+
     async def replace_config(self, request: web.Request) -> web.Response:
         if (denied := self._admin_denied(request)) is not None:
             return denied
@@ -178,6 +204,36 @@ class Gateway:
             return _error(exc)
         self.apply(config)
         return web.json_response(_summary(config))
+
+
+def priority_of(request: web.Request, key: Key | None) -> tuple[str, str]:
+    """The request's priority band and fairness flow: its key's (its team, or the key itself),
+    or what its headers ask for where the key allows it, never above the key's own band.
+    Raises RequestError (403, 400) naming the header."""
+    band = key.priority if key is not None else DEFAULT_BAND
+    flow = (key.team or f"key-{key.id}") if key is not None else ANONYMOUS_FLOW
+    asked_band = request.headers.get(PRIORITY_HEADER)
+    asked_flow = request.headers.get(FLOW_HEADER)
+    if asked_band is None and asked_flow is None:
+        return band, flow
+    if key is None or not key.priority_header:
+        raise RequestError(403, f"this key may not set {PRIORITY_HEADER} or {FLOW_HEADER}: the "
+                                "console's key settings allow it", param=PRIORITY_HEADER
+                           if asked_band is not None else FLOW_HEADER, code="permission_denied")
+    if asked_band is not None:
+        if asked_band not in BAND_RANK:
+            raise RequestError(400, f"{PRIORITY_HEADER} must be one of {', '.join(BANDS)}",
+                               param=PRIORITY_HEADER)
+        if BAND_RANK[asked_band] < BAND_RANK[band]:
+            raise RequestError(403, f"{PRIORITY_HEADER}: this key's highest band is {band!r}",
+                               param=PRIORITY_HEADER, code="permission_denied")
+        band = asked_band
+    if asked_flow is not None:
+        if not asked_flow or len(asked_flow) > MAX_FLOW_CHARS or not asked_flow.isprintable():
+            raise RequestError(400, f"{FLOW_HEADER} must be 1 to {MAX_FLOW_CHARS} printable "
+                                    "characters", param=FLOW_HEADER)
+        flow = asked_flow
+    return band, flow
 
 
 def _body(raw: bytes) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference.router.config import RouterConfig
 from inference.router.prompts import PromptChecker
 from inference.router.server import Router
+from tests.unit.gateway_stubs import make_router, start_gateway  # noqa: F401 - the gateway tests' fixtures
 
 MODEL = "tiny-test-model"
 # Short enough that readiness is reached in well under a second, long enough not to spin.

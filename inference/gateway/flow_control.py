@@ -1,0 +1,233 @@
+"""Priority and fairness while a deployment is saturated: the gateway's queues.
+
+Each deployment with a concurrency limit (``max_concurrency`` in the configuration: the plan's
+requests per worker times its ready serving workers) holds at most that many requests in flight
+through this gateway. A request past it waits here rather than in an engine's queue, where it
+would already hold a worker's KV cache and could no longer be reordered (llm-d's flow control
+makes the same choice). When a slot frees, the next request is taken
+
+- from the highest priority band that has one waiting (``BANDS``, highest first);
+- inside a band, from the next fairness flow in turn (round robin: a team that sends ten times
+  as many requests as another gets the same share while both wait);
+- inside a flow, first come first served.
+
+The queue of a deployment is bounded (``max_queue``). A request that arrives at a full queue
+either displaces the newest request of the lowest band waiting, when its own band is higher,
+or is refused itself: the lowest band is shed first, with 429 and ``Retry-After``. A request
+that waits longer than ``queue_timeout_s`` is answered 503 ``queue_timeout``, never dropped
+silently. A client that leaves while it waits gives its place back.
+
+Saturation is counted here, by this gateway's own requests in flight: clients that use a
+deployment's own port bypass these queues (the deployment's router still applies its keys'
+limits to them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# Highest first. "low" is the band shed first; "normal" is what a key without a priority gets.
+BANDS = ("high", "normal", "low")
+DEFAULT_BAND = "normal"
+BAND_RANK = {band: rank for rank, band in enumerate(BANDS)}
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_QUEUE_TIMEOUT_S = 60.0
+# How quickly the estimate of a request's time in flight follows new requests (Retry-After).
+EWMA_WEIGHT = 0.2
+
+
+class Refused(Exception):
+    """A request the queue will not serve: ``status`` 429 (shed) or 503 (waited too long)."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(eq=False)
+class _Ticket:
+    band: int
+    flow: str
+    waiter: asyncio.Future[None]
+    queued_at: float
+    granted: bool = False
+
+
+@dataclass
+class QueueStats:
+    """What one deployment's queue holds now, for the metrics and the admin API."""
+
+    in_flight: int
+    limit: int
+    waiting: dict[tuple[str, str], int] = field(default_factory=dict)  # (band, flow) -> count
+
+
+class DeploymentQueue:
+    def __init__(self, name: str, limit: int, max_queue: int = DEFAULT_MAX_QUEUE,
+                 timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.name = name
+        self.limit = limit
+        self.max_queue = max_queue
+        self.timeout_s = timeout_s
+        self.in_flight = 0
+        self._clock = clock
+        # One ordered map of flows per band: the first flow is the next to be served, and a
+        # flow served goes to the end while it still has requests waiting.
+        self._bands: list[OrderedDict[str, deque[_Ticket]]] = [OrderedDict() for _ in BANDS]
+        self._waiting = 0
+        self._held_s = 1.0  # EWMA of a request's time in flight, for Retry-After
+
+    # ---- the request's side ---------------------------------------------------------
+    async def acquire(self, band: str, flow: str) -> float:
+        """Wait for a slot; returns the seconds waited. Raises Refused."""
+        if self.in_flight < self.limit and not self._waiting:
+            self.in_flight += 1
+            return 0.0
+        rank = BAND_RANK[band]
+        if self._waiting >= self.max_queue:
+            self._make_room(rank)
+        loop = asyncio.get_running_loop()
+        ticket = _Ticket(rank, flow, loop.create_future(), self._clock())
+        self._bands[rank].setdefault(flow, deque()).append(ticket)
+        self._waiting += 1
+        # A timer rather than asyncio.wait_for: on Python 3.11, wait_for swallows a
+        # cancellation that comes in the same step as the result.
+        timer = loop.call_later(self.timeout_s, self._expire, ticket)
+        try:
+            # Its result is the slot; a shed or expired ticket's is the Refused that ended it.
+            await ticket.waiter
+        except asyncio.CancelledError:
+            # The client left: its place goes, and a slot granted meanwhile goes to the next.
+            if ticket.granted:
+                self.release(0.0)
+            else:
+                self._withdraw(ticket)
+            raise
+        finally:
+            timer.cancel()
+        return self._clock() - ticket.queued_at
+
+    def release(self, held_s: float) -> None:
+        """A request in flight ended after ``held_s`` seconds: its slot goes to the next one."""
+        self.in_flight -= 1
+        if held_s > 0:
+            self._held_s += EWMA_WEIGHT * (held_s - self._held_s)
+        self._dispatch()
+
+    def resize(self, limit: int, max_queue: int, timeout_s: float) -> None:
+        """A new configuration: requests in flight stay counted against the new limit."""
+        self.limit, self.max_queue, self.timeout_s = limit, max_queue, timeout_s
+        self._dispatch()
+
+    # ---- inside -----------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        while self.in_flight < self.limit and self._waiting:
+            ticket = self._next()
+            if ticket.waiter.done():  # cancelled, its task not run yet to withdraw it
+                continue
+            self.in_flight += 1
+            ticket.granted = True
+            ticket.waiter.set_result(None)
+
+    def _expire(self, ticket: _Ticket) -> None:
+        if self._withdraw(ticket):
+            ticket.waiter.set_exception(Refused(
+                503, "queue_timeout",
+                f"deployment {self.name} stayed saturated: the request waited {self.timeout_s:g} s "
+                f"in the gateway's {BANDS[ticket.band]!r} priority queue without a free slot",
+                self.retry_after_s()))
+
+    def _next(self) -> _Ticket:
+        for flows in self._bands:
+            if flows:
+                flow, tickets = next(iter(flows.items()))
+                ticket = tickets.popleft()
+                if tickets:
+                    flows.move_to_end(flow)
+                else:
+                    del flows[flow]
+                self._waiting -= 1
+                return ticket
+        raise AssertionError("_next called with nothing waiting")
+
+    def _make_room(self, rank: int) -> None:
+        """Shed one request to make room for one of band ``rank``: the newest of the lowest
+        band waiting when that band is lower than ``rank``'s, else the newcomer."""
+        waiting = [r for r, flows in enumerate(self._bands) if flows]
+        lowest = max(waiting, default=-1)
+        if lowest <= rank:
+            raise Refused(429, "queue_full",
+                          f"deployment {self.name} is saturated and its gateway queue is full "
+                          f"({self.max_queue} waiting); the request's priority band "
+                          f"{BANDS[rank]!r} is shed first", self.retry_after_s())
+        flows = self._bands[lowest]
+        # The newest request of the band: the one that has waited least.
+        flow = max(flows, key=lambda name: flows[name][-1].queued_at)
+        victim = flows[flow].pop()
+        if not flows[flow]:
+            del flows[flow]
+        self._waiting -= 1
+        if victim.waiter.done():  # its client left; its task has not withdrawn it yet
+            return
+        victim.waiter.set_exception(Refused(
+            429, "shed", f"deployment {self.name} is saturated: the request was shed from the "
+                         f"gateway's {BANDS[lowest]!r} priority queue for a higher priority one",
+            self.retry_after_s()))
+
+    def _withdraw(self, ticket: _Ticket) -> bool:
+        """Take a ticket out of its queue; False if it was not there any more (granted or
+        shed)."""
+        flows = self._bands[ticket.band]
+        tickets = flows.get(ticket.flow)
+        if tickets is None or ticket not in tickets:
+            return False
+        tickets.remove(ticket)
+        if not tickets:
+            del flows[ticket.flow]
+        self._waiting -= 1
+        return True
+
+    def retry_after_s(self) -> int:
+        """Seconds until the queue has likely moved past one more request: the requests ahead
+        of it, served ``limit`` at a time, each for about the recent time in flight."""
+        return max(1, math.ceil(self._held_s * (self._waiting + 1) / max(1, self.limit)))
+
+    def stats(self) -> QueueStats:
+        waiting = {(BANDS[rank], flow): len(tickets)
+                   for rank, flows in enumerate(self._bands) for flow, tickets in flows.items()}
+        return QueueStats(self.in_flight, self.limit, waiting)
+
+
+class FlowControl:
+    """The queues of every deployment with a concurrency limit, kept across configurations."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self.queues: dict[str, DeploymentQueue] = {}
+
+    def configure(self, limits: dict[str, int], max_queue: int, timeout_s: float) -> None:
+        """``limits``: deployment name -> requests in flight. A deployment left out (or whose
+        limit is 0) is not queued; its requests in flight finish as they are."""
+        for name in list(self.queues):
+            if not limits.get(name):
+                del self.queues[name]
+        for name, limit in limits.items():
+            if not limit:
+                continue
+            queue = self.queues.get(name)
+            if queue is None:
+                self.queues[name] = DeploymentQueue(name, limit, max_queue, timeout_s, self._clock)
+            else:
+                queue.resize(limit, max_queue, timeout_s)
+
+    def queue(self, deployment: str) -> DeploymentQueue | None:
+        return self.queues.get(deployment)
