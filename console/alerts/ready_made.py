@@ -105,6 +105,15 @@ def rule_specs(deployment: Any) -> list[dict[str, Any]]:
              reason="a node agent missed its heartbeats for the grace (PDSERVE_AGENT_GRACE_MS): "
                     "its workers may still serve, but nothing restarts them there; nothing is "
                     "rescheduled unless the plan is changed"),
+        dict(key="gateway_shedding", name="Gateway shedding", series="deployment.gateway_shed_ps",
+             aggregation="avg", window_s=60, comparison=">", threshold=0.05, for_s=60,
+             keep_firing_for_s=60, severity="warning", nodata="ok",
+             labels={"category": "saturation"},
+             summary="{deployment}: the gateway refuses {value} requests/s (shed or timed out "
+                     "in its queue)",
+             reason="the gateway sheds the lowest priority band first once the deployment is "
+                    "saturated and its queue full: more than 3 refusals a minute means clients "
+                    "are turned away; add instances or lower the traffic of the band shed"),
     ]
     if pd:
         specs += [

@@ -138,6 +138,9 @@ SERIES: dict[str, SeriesDef] = {s.name: s for s in (
               "the node lacks the memory for another instance", "bool", (), "max"),
     SeriesDef("deployment.node_down", "nodes of the deployment's workers whose agent missed "
               "its heartbeats for the grace", "nodes", (), "max"),
+    SeriesDef("deployment.gateway_shed_ps", "requests to the deployment that the gateway's "
+              "queues refused per second: shed (429) or timed out waiting (503)", "requests/s",
+              (), "max"),
 )}
 
 
@@ -162,6 +165,8 @@ def deployment_facts(processes: dict[str, Entry], complete: bool = True) -> dict
     if pd:
         facts["deployment.one_sided"] = float((ready["prefill"] == 0) != (ready["decode"] == 0))
     router = processes.get("router", {})
+    if router.get("gateway_shed_ps") is not None:
+        facts["deployment.gateway_shed_ps"] = float(router["gateway_shed_ps"])
     in_flight = router.get("in_flight") or {}
     if pd and ready["prefill"] and ready["decode"] and in_flight:
         per_worker = {role: (sum(in_flight.get(role, {}).values()) + 1) / ready[role]

@@ -24,6 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.fleet import agent_liveness
+from console.live import gateway_scrape
 from console.live.broadcast import metric_messages, send_all
 from console.live.downsample import floor_minute, prune, roll_up
 from console.live.models import MetricSample, ProcessScrape
@@ -70,6 +71,7 @@ class MetricsCollector:
         self._last_failure: dict[tuple[int, str, str], dict[str, str]] = {}
         self._maintained: datetime | None = None
         self._raw_stored: datetime | None = None
+        self._gateway: gateway_scrape.GatewayScrape | None = None
         self._loop = Periodic("metrics-collector", interval_s, self.collect_once, log,
                               "collecting metrics failed; retrying", self.http.close)
 
@@ -104,8 +106,13 @@ class MetricsCollector:
         self._usage.forget_unseen()
         for record_id in set(self._previous) - set(targets):
             del self._previous[record_id]
+        names = {record.deployment_id: record.deployment.name for record in records}
+        gateway = self._gateway_stats()
         for deployment_id, processes in by_deployment.items():
             self._annotate_handoffs(deployment_id, processes, ports[deployment_id], now)
+            # Beside the router's own numbers: the router is what the gateway forwards to.
+            if "router" in processes and names[deployment_id] in gateway:
+                processes["router"].update(gateway[names[deployment_id]])
         samples = self._store(now, texts, by_deployment)
         if settings.REDIS_URL and samples:
             # Shared channel layer: broadcast right after storing. Without Redis the console's
@@ -138,6 +145,24 @@ class MetricsCollector:
         except httpx.HTTPError:
             return None  # starting, stopping or hung: the snapshot says "up": 0
         return response.text if response.status_code == 200 else None
+
+    def _gateway_stats(self) -> dict[str, dict[str, float | None]]:
+        """Per deployment name, what the gateway running on this node says of it; {} when no
+        gateway is ready (it is off, starting, or this is a node agent)."""
+        gateway = (ManagedProcess.objects.filter(kind=ManagedProcess.Kind.GATEWAY,
+                                                 state=ManagedProcess.State.READY)
+                   .exclude(pid__isnull=True).first())
+        text = self._fetch(gateway.url) if gateway is not None else None
+        if gateway is None or gateway.pid is None or text is None:
+            self._gateway = None
+            return {}
+        try:
+            current = gateway_scrape.parse(text, gateway.pid, time.monotonic())
+        except ValueError:
+            log.warning("the gateway served unparsable metrics")
+            return {}
+        previous, self._gateway = self._gateway, current
+        return gateway_scrape.deployment_stats(previous, current)
 
     def _stats(self, record_id: int, pid: int, role: str, text: str) -> dict[str, Any]:
         try:

@@ -12,8 +12,10 @@ makes the same choice). When a slot frees, the next request is taken
 - inside a flow, first come first served.
 
 The queue of a deployment is bounded (``max_queue``). A request that arrives at a full queue
-either displaces the newest request of the lowest band waiting, when its own band is higher,
-or is refused itself: the lowest band is shed first, with 429 and ``Retry-After``. A request
+either displaces a request of the lowest band waiting (the newest of its largest flow), when
+its own band is higher or its flow holds fewer of the queue's places, or is refused itself:
+the lowest band is shed first, and inside a band the flow that holds most, with 429 and
+``Retry-After``. A request
 that waits longer than ``queue_timeout_s`` is answered 503 ``queue_timeout``, never dropped
 silently. A client that leaves while it waits gives its place back.
 
@@ -94,7 +96,7 @@ class DeploymentQueue:
             return 0.0
         rank = BAND_RANK[band]
         if self._waiting >= self.max_queue:
-            self._make_room(rank)
+            self._make_room(rank, flow)
         loop = asyncio.get_running_loop()
         ticket = _Ticket(rank, flow, loop.create_future(), self._clock())
         self._bands[rank].setdefault(flow, deque()).append(ticket)
@@ -159,29 +161,37 @@ class DeploymentQueue:
                 return ticket
         raise AssertionError("_next called with nothing waiting")
 
-    def _make_room(self, rank: int) -> None:
-        """Shed one request to make room for one of band ``rank``: the newest of the lowest
-        band waiting when that band is lower than ``rank``'s, else the newcomer."""
+    def _make_room(self, rank: int, flow: str) -> None:
+        """Shed one request to make room for one of band ``rank`` and ``flow``.
+
+        The lowest band waiting is shed first. Inside it the victim is the newest request of
+        the flow with the most waiting, so that a flood cannot take the whole queue from a
+        flow that sends little. The newcomer itself is refused when it is of that band and
+        its flow would then hold as many as the largest."""
         waiting = [r for r, flows in enumerate(self._bands) if flows]
         lowest = max(waiting, default=-1)
-        if lowest <= rank:
-            raise Refused(429, "queue_full",
-                          f"deployment {self.name} is saturated and its gateway queue is full "
-                          f"({self.max_queue} waiting); the request's priority band "
-                          f"{BANDS[rank]!r} is shed first", self.retry_after_s())
+        if lowest < rank:
+            raise self._full(rank)
         flows = self._bands[lowest]
-        # The newest request of the band: the one that has waited least.
-        flow = max(flows, key=lambda name: flows[name][-1].queued_at)
-        victim = flows[flow].pop()
-        if not flows[flow]:
-            del flows[flow]
+        largest = max(flows, key=lambda name: (len(flows[name]), flows[name][-1].queued_at))
+        if lowest == rank and len(flows.get(flow, ())) + 1 >= len(flows[largest]):
+            raise self._full(rank)
+        victim = flows[largest].pop()
+        if not flows[largest]:
+            del flows[largest]
         self._waiting -= 1
         if victim.waiter.done():  # its client left; its task has not withdrawn it yet
             return
         victim.waiter.set_exception(Refused(
             429, "shed", f"deployment {self.name} is saturated: the request was shed from the "
-                         f"gateway's {BANDS[lowest]!r} priority queue for a higher priority one",
-            self.retry_after_s()))
+                         f"gateway's {BANDS[lowest]!r} priority queue to make room for another "
+                         "flow's or a higher band's", self.retry_after_s()))
+
+    def _full(self, rank: int) -> Refused:
+        return Refused(429, "queue_full",
+                       f"deployment {self.name} is saturated and its gateway queue is full "
+                       f"({self.max_queue} waiting); the request's priority band "
+                       f"{BANDS[rank]!r} is shed first", self.retry_after_s())
 
     def _withdraw(self, ticket: _Ticket) -> bool:
         """Take a ticket out of its queue; False if it was not there any more (granted or

@@ -63,7 +63,7 @@ def test_a_new_deployment_gets_every_ready_made_rule_once(deployment: Deployment
     assert {"worker_down", "role_unavailable", "handoff_failures", "handoff_slow", "ttft_slo",
             "tpot_slo", "decode_queue", "prefill_queue", "kv_cache_full", "memory_near_limit",
             "router_5xx", "pd_fallback", "pd_load_skew", "port_foreign", "metrics_absent",
-            "gate_failed", "scale_refused", "node_down"} == set(keys)
+            "gate_failed", "scale_refused", "node_down", "gateway_shedding"} == set(keys)
     ttft = AlertRule.objects.get(deployment=deployment, key="ttft_slo")
     assert ttft.threshold == deployment.ttft_slo_ms / 1000
 

@@ -7,6 +7,7 @@ rewrites between steps, so counters move exactly as a test says. Nothing here st
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -326,3 +327,57 @@ def test_raw_texts_are_rewritten_only_every_few_seconds(supervisor: Supervisor, 
             deployment=deployment, resolution=MetricSample.Resolution.SECOND).count() == 2
     finally:
         made.http.close()
+
+
+def gateway_text(deployment: str, *, answered: int, shed: int, waiting: int) -> str:
+    return "\n".join([
+        "# TYPE pdserve_gateway_requests counter",
+        f'pdserve_gateway_requests_total{{deployment="{deployment}",model="m",status="200"}} '
+        f"{answered - shed}.0",
+        f'pdserve_gateway_requests_total{{deployment="{deployment}",model="m",status="429"}} {shed}.0',
+        'pdserve_gateway_requests_total{deployment="other",model="o",status="200"} 99.0',
+        "# TYPE pdserve_gateway_shed counter",
+        f'pdserve_gateway_shed_total{{band="low",deployment="{deployment}",reason="queue_full"}} '
+        f"{shed}.0",
+        "# TYPE pdserve_gateway_queue_waiting gauge",
+        f'pdserve_gateway_queue_waiting{{band="low",deployment="{deployment}",flow="t"}} {waiting}.0',
+    ]) + "\n"
+
+
+def test_the_gateways_refusals_of_a_deployment_join_its_routers_numbers_and_feed_the_shedding_fact(
+        supervisor: Supervisor, collector: MetricsCollector, deployment: Deployment,
+        tmp_path: Path) -> None:
+    from console.alerts.series import deployment_facts
+
+    prefill = Served(supervisor, deployment, "prefill-0", vllm_text(), tmp_path)
+    decode = Served(supervisor, deployment, "decode-0", vllm_text(), tmp_path)
+    Served(supervisor, deployment, "router", router_text(prefill.url, decode.url), tmp_path)
+    # The gateway is a process of no deployment: a row of its own kind, serving its text.
+    text_file = tmp_path / "gateway.prom"
+    text_file.write_text(gateway_text(deployment.name, answered=10, shed=0, waiting=0))
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", METRICS_SERVER, str(port), str(text_file)])
+    try:
+        wait_for(lambda: listening(port), "gateway stand-in serving")
+        ManagedProcess.objects.create(kind=ManagedProcess.Kind.GATEWAY, slot="gateway",
+                                      role="gateway", port=port, pid=server.pid,
+                                      state=ManagedProcess.State.READY)
+        [first] = collector.collect_once()
+        router = processes(first)["router"]
+        assert (router["gateway_waiting"], router["gateway_shed_ps"]) == (0, None)
+        assert "deployment.gateway_shed_ps" not in deployment_facts(processes(first))
+
+        text_file.write_text(gateway_text(deployment.name, answered=30, shed=8, waiting=5))
+        time.sleep(0.5)
+        [second] = collector.collect_once()
+        router = processes(second)["router"]
+        elapsed = (second.created - first.created).total_seconds()
+        assert router["gateway_waiting"] == 5
+        assert router["gateway_shed_ps"] == pytest.approx(8 / elapsed, rel=0.25)
+        assert router["gateway_rps"] == pytest.approx(20 / elapsed, rel=0.25)
+        assert deployment_facts(processes(second))["deployment.gateway_shed_ps"] > 0
+        # The router's own numbers are still there.
+        assert processes(second)["router"]["in_flight"] == {"decode": {decode.url: 2}}
+    finally:
+        server.kill()
+        server.wait()

@@ -108,6 +108,27 @@ async def test_a_full_queue_sheds_the_newest_of_the_lowest_band_for_a_higher_one
     await asyncio.gather(low[0], high)
 
 
+async def test_inside_a_band_a_full_queue_sheds_from_the_flow_that_holds_most() -> None:
+    queue = DeploymentQueue("d", limit=1, max_queue=4)
+    await queue.acquire("normal", "x")
+    served: list[str] = []
+    flood = await enqueue(queue, *[("normal", "a", f"a{n}") for n in range(4)], served=served)
+    # b's first two displace a's newest; a third would give b more than a: b's is refused.
+    light = await enqueue(queue, ("normal", "b", "b0"), ("normal", "b", "b1"), served=served)
+    await wait_until(lambda: flood[3].done() and flood[2].done())
+    for task in flood[2:]:
+        with pytest.raises(Refused) as shed:
+            await task
+        assert shed.value.code == "shed"
+    with pytest.raises(Refused) as refused:
+        await queue.acquire("normal", "b")
+    assert refused.value.code == "queue_full"
+    assert queue.stats().waiting == {("normal", "a"): 2, ("normal", "b"): 2}
+    await drain(queue, served, 4)
+    assert served == ["a0", "b0", "a1", "b1"]
+    await asyncio.gather(*flood[:2], *light)
+
+
 async def test_a_request_that_waits_too_long_gets_a_503_and_leaves_the_queue() -> None:
     queue = DeploymentQueue("d", limit=1, timeout_s=0.05)
     await queue.acquire("normal", "a")
