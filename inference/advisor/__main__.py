@@ -1,0 +1,3 @@
+from inference.advisor.cli import main
+
+raise SystemExit(main())

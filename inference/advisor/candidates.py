@@ -1,0 +1,64 @@
+"""The topologies a number of devices allows, each simulated over several seeds and ranked.
+
+Every server uses ``devices_per_server`` devices, the size the speeds were measured at (a
+server on more devices is a different measurement, not an extrapolation). Candidates use up to
+all the devices: colocated with N servers, and PD with every P:D split of up to N servers.
+
+Confidence: each seed draws a new workload (new arrivals, the length samples resampled), and
+every candidate is simulated on the same draws. Reported per candidate: goodput's range over
+the seeds, and in how many seeds it had the highest goodput of all. (A replayed trace with
+fixed lengths draws the same workload every time: its seeds agree and say nothing more.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from inference.advisor.errors import InputError
+from inference.advisor.goodput import Slo, Summary, summarize
+from inference.advisor.load import LoadProfile
+from inference.advisor.simulate import Outcome, Topology, simulate
+from inference.advisor.speeds import Speeds
+
+
+def candidates(devices: int, devices_per_server: int) -> list[Topology]:
+    servers = devices // devices_per_server
+    if servers < 1:
+        raise InputError("--devices", f"{devices} devices cannot hold one server of "
+                                      f"{devices_per_server} (devices_per_server in --speeds)")
+    colocated = [Topology(colocated=n) for n in range(1, servers + 1)]
+    disaggregated = [Topology(prefill=p, decode=total - p)
+                     for total in range(2, servers + 1) for p in range(1, total)]
+    return colocated + disaggregated
+
+
+@dataclass(frozen=True)
+class Ranked:
+    topology: Topology
+    summary: Summary  # over all seeds' requests pooled
+    goodput_by_seed: tuple[float, ...]
+    best_in: int  # seeds in which its goodput was the highest (ties count for each)
+
+
+def pooled(outcomes: Sequence[Outcome]) -> Outcome:
+    return Outcome(*(np.concatenate([getattr(o, name) for o in outcomes])
+                     for name in ("ttft_s", "tpot_s", "e2e_s", "itl_s")),
+                   duration_s=sum(o.duration_s for o in outcomes))
+
+
+def rank(profile: LoadProfile, speeds: Speeds, slo: Slo, devices: int,
+         seeds: Sequence[int]) -> list[Ranked]:
+    """Best first: highest goodput, then fewer servers, then colocated before PD."""
+    topologies = candidates(devices, speeds.devices_per_server)
+    workloads = [profile.draw(seed) for seed in seeds]
+    outcomes = [[simulate(w, t, speeds) for w in workloads] for t in topologies]
+    by_seed = np.array([[summarize(o, slo).goodput_rps for o in row] for row in outcomes])
+    best = np.isclose(by_seed, by_seed.max(axis=0), rtol=1e-9, atol=0.0)
+    ranked = [Ranked(t, summarize(pooled(row), slo), tuple(float(g) for g in by_seed[i]),
+                     int(best[i].sum()))
+              for i, (t, row) in enumerate(zip(topologies, outcomes, strict=True))]
+    return sorted(ranked, key=lambda r: (-r.summary.goodput_rps, r.topology.servers,
+                                         r.topology.prefill, r.topology.label))
