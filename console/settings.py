@@ -270,6 +270,10 @@ PDSERVE_ROUTER_PORT = env_int("PDSERVE_ROUTER_PORT", 8080, 1, 65535)
 # One OpenAI endpoint for every deployment (console/gateway/gateway_process.py); 0 turns it off.
 PDSERVE_GATEWAY_HOST = env_str("PDSERVE_GATEWAY_HOST", "127.0.0.1")
 PDSERVE_GATEWAY_PORT = env_int("PDSERVE_GATEWAY_PORT", 8090, 0, 65535)
+# The gateway's queue per saturated deployment (inference/gateway/flow_control.py): requests
+# that may wait there, and for how long before a 503.
+PDSERVE_GATEWAY_MAX_QUEUE = env_int("PDSERVE_GATEWAY_MAX_QUEUE", 64, 0, 100_000)
+PDSERVE_GATEWAY_QUEUE_TIMEOUT_S = env_int("PDSERVE_GATEWAY_QUEUE_TIMEOUT_S", 60, 1, 3600)
 PDSERVE_API_KEY = env_secret("PDSERVE_API_KEY")
 PDSERVE_LOG_DIR = DATA_DIR / "logs"
 PDSERVE_MODEL_DIR = DATA_DIR / "models"

@@ -261,6 +261,9 @@ class BorrowedDeployment:
                "PDSERVE_ADMIN_USER": "admin", "PDSERVE_ADMIN_PASSWORD": ADMIN_PASSWORD,
                "PDSERVE_CONSOLE_PORT": str(port), "PDSERVE_ROUTER_PORT": str(free_port()),
                "PDSERVE_GATEWAY_PORT": str(gateway_port),
+               # A short gateway queue: tests/e2e/test_gateway_live.py's flood fills it with a
+               # few dozen clients instead of a hundred.
+               "PDSERVE_GATEWAY_MAX_QUEUE": "8",
                # tests/e2e/test_alerts_live.py's webhook receiver listens on 127.0.0.1.
                "PDSERVE_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.1/32"}
         for name in ("DATABASE_URL", "REDIS_URL"):

@@ -8,7 +8,6 @@ and the alias would never be used) nor another alias.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,10 +18,9 @@ from django.db import transaction
 from console.accounts.models import Team
 from console.audit.entries import record
 from console.deployments.models import Deployment
-from console.gateway.models import AliasTarget, ModelAlias
+from console.gateway.models import MODEL_NAME, AliasTarget, ModelAlias
 from console.gateway.services import gateway_changed
 
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}")
 MAX_TARGETS = 8
 
 

@@ -3,15 +3,18 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
 from console.accounts.models import Team
 from console.accounts.roles import visible, visible_teams
 from console.deployments.models import Deployment
-from console.gateway.models import LIMIT_FIELDS, MODEL_NAME_HELP, ApiKey, UsageDay
+from console.gateway.models import LIMIT_FIELDS, MODEL_NAME_HELP, ApiKey, BudgetPeriod, UsageDay
+from console.gateway.services import clean_model_limits
 from console.gateway.usage import DIMENSIONS
 from console.query_params import MAX_ID
 from console.validators import since_not_after_until
+from inference.gateway.flow_control import DEFAULT_BAND
 
 DAY_FORMAT = "%Y-%m-%d"
 # The usage form's filters (group_by is how, not which rows).
@@ -25,8 +28,16 @@ class ApiKeyForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ["name", "team", "all_deployments", "deployments", *LIMIT_FIELDS]
-        labels = {"all_deployments": "Valid for every deployment of its team"}
+        fields = ["name", "team", "all_deployments", "deployments", *LIMIT_FIELDS,
+                  "model_limits", "budget_tokens", "budget_period", "priority", "priority_header"]
+        labels = {"all_deployments": "Valid for every deployment of its team",
+                  "priority": "Priority band in the gateway's queues",
+                  "priority_header": "Requests may choose their band and fairness flow",
+                  "model_limits": "Limits per model", "budget_tokens": "Token budget",
+                  "budget_period": "Budget period"}
+        help_texts = {"model_limits": 'JSON, e.g. {"big": {"requests_per_minute": 5}}: on '
+                                      "model big, 5 requests a minute instead of the key's"}
+        widgets = {"model_limits": forms.Textarea(attrs={"rows": 2})}
 
     def __init__(self, *args: Any, user: Any, teams: list[Team], **kwargs: Any) -> None:
         """``teams``: those where ``user`` may make keys."""
@@ -41,13 +52,25 @@ class ApiKeyForm(forms.ModelForm):
             self.fields["team"].initial = teams[0].pk
         self.fields["deployments"].queryset = visible(
             Deployment.objects.order_by("name"), user)
+        # A key without a budget needs no period: left out, it is the model's default.
+        self.fields["budget_period"].required = False
+        # Left out, a key's requests are of the middle band.
+        self.fields["priority"].required = False
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        data["budget_period"] = data.get("budget_period") or BudgetPeriod.MONTH
+        data["priority"] = data.get("priority") or DEFAULT_BAND
         if data.get("all_deployments") and data.get("deployments"):
             self.add_error("deployments", "leave empty when the key is valid for every deployment")
         elif not data.get("all_deployments") and not data.get("deployments"):
             self.add_error("deployments", "pick at least one deployment, or every deployment")
+        if data.get("team") is not None and "model_limits" in data:
+            try:
+                data["model_limits"] = clean_model_limits(data["model_limits"] or {},
+                                                          data["team"])
+            except ValidationError as exc:
+                self.add_error("model_limits", exc)
         return data
 
 

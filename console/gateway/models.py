@@ -1,18 +1,29 @@
 """Inference API keys: made in the console, shown once, stored as a SHA-256 hash, scoped to
-deployments, revocable, each with optional per-key limits the routers enforce."""
+deployments, revocable, each with optional per-key limits (and per-model overrides of them) and
+a token budget the routers enforce; and the teams' token budgets."""
 
 from __future__ import annotations
+
+import re
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from console.accounts.roles import default_team_id
+from inference.gateway.flow_control import BANDS, DEFAULT_BAND
 from inference.router.keys import KEY_PREFIX
 
 LIMIT_FIELDS = ("requests_per_minute", "prompt_tokens_per_minute", "generated_tokens_per_minute",
                 "max_concurrency")
 LIMIT_VALIDATORS = [MinValueValidator(1), MaxValueValidator(1_000_000_000)]
+# A budget of prompt + completion tokens per UTC day or calendar month (UTC).
+BUDGET_VALIDATORS = [MinValueValidator(1), MaxValueValidator(10**15)]
+
+
+class BudgetPeriod(models.TextChoices):
+    DAY = "day", "per UTC day"
+    MONTH = "month", "per calendar month (UTC)"
 
 
 def _limit(help_text: str) -> models.PositiveIntegerField:
@@ -35,6 +46,23 @@ class ApiKey(models.Model):
     prompt_tokens_per_minute = _limit("prompt tokens per minute (protects prefill)")
     generated_tokens_per_minute = _limit("generated tokens per minute (protects decode)")
     max_concurrency = _limit("requests in flight at once")
+    # {"<served model name>": {"requests_per_minute": 5, ...}}: on that model, each limit named
+    # replaces the key's (null: unlimited there); checked by services.clean_model_limits.
+    model_limits = models.JSONField(
+        default=dict, blank=True,
+        help_text="per served model name, limits that replace the key's on that model")
+    budget_tokens = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=BUDGET_VALIDATORS,
+        help_text="prompt + completion tokens the key may use per budget period; empty: no budget")
+    # Its requests' band in the gateway's queues while a deployment is saturated (its team is
+    # their fairness flow); priority_header lets a request choose a lower band or its own flow.
+    priority = models.CharField(max_length=10, choices=[(band, band) for band in BANDS],
+                                default=DEFAULT_BAND)
+    priority_header = models.BooleanField(
+        default=False, help_text="requests may set X-Pdserve-Priority (up to the key's band) and "
+                                 "X-Pdserve-Fairness-Id")
+    budget_period = models.CharField(max_length=5, choices=BudgetPeriod.choices,
+                                     default=BudgetPeriod.MONTH)
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
@@ -63,8 +91,25 @@ class ApiKey(models.Model):
         return {name: getattr(self, name) for name in LIMIT_FIELDS}
 
 
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}")
 MODEL_NAME_HELP = ("the name clients send as 'model': letters, digits and . _ : / -, "
                    "up to 100 characters")
+
+
+class TeamBudget(models.Model):
+    """A team's token budget: prompt + completion tokens of all its keys per period. (Here, not
+    on Team: budgets belong to the gateway, which meters and enforces them.)"""
+
+    team = models.OneToOneField("accounts.Team", on_delete=models.CASCADE,
+                                related_name="token_budget")
+    tokens = models.PositiveBigIntegerField(validators=BUDGET_VALIDATORS,
+                                            help_text="prompt + completion tokens per period")
+    period = models.CharField(max_length=5, choices=BudgetPeriod.choices,
+                              default=BudgetPeriod.MONTH)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.team} {self.tokens} tokens per {self.period}"
 
 
 class ModelAlias(models.Model):

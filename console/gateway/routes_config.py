@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from typing import Any
+
+from django.conf import settings
 
 from console.deployments.models import Deployment
 from console.gateway.models import ApiKey, ModelAlias
@@ -38,6 +41,22 @@ def ready_routers() -> dict[int, ManagedProcess]:
         role="router", state=ManagedProcess.State.READY, deployment__isnull=False).order_by()}
 
 
+def serving_workers() -> Counter[int]:
+    """Ready workers that generate (decode, colocated), by deployment id."""
+    return Counter(ManagedProcess.objects.filter(
+        kind=ManagedProcess.Kind.WORKER, role__in=("decode", "colocated"),
+        state=ManagedProcess.State.READY, deployment__isnull=False,
+    ).values_list("deployment_id", flat=True).order_by())
+
+
+def max_in_flight(deployment: Deployment, serving: int) -> int:
+    """Requests the gateway lets in flight to a deployment before it queues them: the plan's
+    concurrency (what each worker's KV cache holds at full context) times the workers that
+    generate. Past it, requests would wait in an engine's queue, where they can no longer be
+    put in priority order."""
+    return deployment.concurrency * max(1, serving)
+
+
 def states(deployments: list[Deployment]) -> dict[str, str]:
     """What the gateway says of each deployment's state, by name (the gateway page's column)."""
     ready = ready_routers()
@@ -47,7 +66,8 @@ def states(deployments: list[Deployment]) -> dict[str, str]:
 def gateway_config() -> dict[str, Any]:
     deployments = list(Deployment.objects.select_related("team").order_by("pk"))
     ready = ready_routers()
-    keys = list(ApiKey.objects.prefetch_related("deployments").order_by("pk"))
+    serving = serving_workers()
+    keys = list(ApiKey.objects.select_related("team").prefetch_related("deployments").order_by("pk"))
     entries = []
     for deployment in deployments:
         router = ready.get(deployment.pk)
@@ -57,6 +77,7 @@ def gateway_config() -> dict[str, Any]:
             "state": _state(deployment, router), "team": deployment.team.name,
             # As the deployment's own router decides: open until a key is made for it.
             "require_key": any(in_scope(key, deployment) for key in keys),
+            "max_concurrency": max_in_flight(deployment, serving[deployment.pk]),
         })
     served = {deployment.served_model_name for deployment in deployments}
     # An alias whose name a deployment took later is left out: the served name wins (the
@@ -66,8 +87,13 @@ def gateway_config() -> dict[str, Any]:
                if alias.name not in served and alias.targets.all()]
     key_entries = [{"id": key.pk, "prefix": key.prefix, "hash": key.key_hash,
                     "state": "revoked" if key.revoked else "active",
-                    "deployments": [d.name for d in deployments if in_scope(key, d)]}
+                    "deployments": [d.name for d in deployments if in_scope(key, d)],
+                    # Its team is its fairness flow in the gateway's queues.
+                    "team": key.team.name, "priority": key.priority,
+                    "priority_header": key.priority_header}
                    for key in keys]
-    body = {"deployments": entries, "aliases": aliases, "keys": key_entries}
+    body = {"deployments": entries, "aliases": aliases, "keys": key_entries,
+            "queue": {"max_queue": settings.PDSERVE_GATEWAY_MAX_QUEUE,
+                      "timeout_s": settings.PDSERVE_GATEWAY_QUEUE_TIMEOUT_S}}
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
     return {"version": digest, **body}

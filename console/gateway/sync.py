@@ -2,7 +2,8 @@
 the gateway's configuration is compared with the database (sync_gateway); each running
 router reports key usage (stored as ``last_used_at``) and the version of its key set; a router
 whose version is not the console's (it started while keys changed, or missed a push) gets the
-current set; and its usage ledger's recent days are stored as ``UsageDay`` rows (usage.py). A
+current set; and its usage ledger's recent days are stored as ``UsageDay`` rows (usage.py), read
+before the key set is compared, since the set carries the token budgets' spend (budgets.py). A
 router whose usage or ledger cannot be read is skipped for the round, logged, and asked again
 the next: the stored times and counts stay as they are, and no key set is pushed on a guess."""
 
@@ -52,13 +53,14 @@ class KeySync:
                 continue
             answered += 1
             record_usage(usage)
+            # The ledger first: the key set carries the budgets' spend, this router's included.
+            self.sync_ledger(deployment)
             wanted = key_set(deployment)
             if usage["version"] != wanted["version"]:
                 log.info("router of %s has key set %r, not %r: pushing", deployment.name,
                          usage["version"], wanted["version"])
                 # A failed push is logged there; the next round finds the version behind again.
                 push_keys(deployment, wanted)
-            self.sync_ledger(deployment)
         self.sync_gateway()
         return answered
 

@@ -15,10 +15,11 @@ from console.accounts.roles import may, require, visible, visible_teams
 from console.deployments.models import Deployment
 from console.gateway import gateway_process
 from console.gateway.aliases import create_alias, delete_alias
+from console.gateway.budgets import renews_at, spend
 from console.gateway.forms import ApiKeyForm, ModelAliasForm, UsageFilterForm
-from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias, UsageDay
+from console.gateway.models import ApiKey, ModelAlias, TeamBudget, UsageDay
 from console.gateway.routes_config import states
-from console.gateway.services import create_key, revoke_key, scope_errors
+from console.gateway.services import KEY_SETTINGS, create_key, revoke_key, scope_errors
 from console.gateway.usage import aggregate, latency_ms_avg
 from console.supervisor.models import ManagedProcess
 
@@ -29,11 +30,19 @@ def _operator_teams(request: HttpRequest) -> list[Team]:
 
 def _render(request: HttpRequest, form: ApiKeyForm | None = None, created: ApiKey | None = None,
             secret: str = "", status: int = 200) -> HttpResponse:
-    keys = visible(ApiKey.objects.select_related("created_by", "team").prefetch_related(
-        "deployments"), request.user)
+    keys = list(visible(ApiKey.objects.select_related("created_by", "team").prefetch_related(
+        "deployments"), request.user))
     teams = _operator_teams(request)
+    budgets = list(visible(TeamBudget.objects.select_related("team").order_by("team__name"),
+                           request.user))
+    spent = spend([key for key in keys if key.budget_tokens is not None], budgets)
+    rows = [(key, spent.key(key.pk) if key.budget_tokens is not None else None,
+             renews_at(spent.periods[key.budget_period])) for key in keys]
+    team_budgets = [(budget, spent.team(budget.team_id),
+                     renews_at(spent.periods[budget.period])) for budget in budgets]
     return render(request, "gateway/keys.html", {
-        "keys": keys, "form": form or ApiKeyForm(user=request.user, teams=teams),
+        "keys": rows, "team_budgets": team_budgets,
+        "form": form or ApiKeyForm(user=request.user, teams=teams),
         "created": created, "secret": secret, "can_operate": bool(teams),
         "operated": {t.pk for t in teams},
     }, status=status)
@@ -61,7 +70,7 @@ def key_new(request: HttpRequest) -> HttpResponse:
         return _render(request, form, status=400)
     key, secret = create_key(name=data["name"], team=data["team"], deployments=data["deployments"],
                              all_deployments=data["all_deployments"],
-                             limits={field: data.get(field) for field in LIMIT_FIELDS},
+                             limits={field: data.get(field) for field in KEY_SETTINGS},
                              user=request.user)
     # Rendered, not redirected: this answer is the only place the key ever appears, and a
     # reload must not show it again.

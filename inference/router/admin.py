@@ -41,7 +41,7 @@ class AdminAPI:
         app.router.add_post(PATH, self.add_backend)
         app.router.add_delete(PATH, self.remove_backend)
         app.router.add_get("/admin/usage", self.usage_rows)
-        KeysAdmin(self.router.gate, self._denied).add_routes(app)
+        KeysAdmin(self.router.gate, self._denied, self.router.budgets).add_routes(app)
         GroupsAdmin(self.router, self._denied).add_routes(app)
 
     def _denied(self, request: web.Request) -> web.Response | None:

@@ -10,6 +10,7 @@ import asyncio
 
 from aiohttp import web
 
+from inference.router.budgets import BudgetExceeded, BudgetMeter
 from inference.router.keys import ApiKey, AuthFailure, Gatekeeper
 from inference.router.metrics import RouterMetrics
 from inference.router.prompts import CharsPerToken, ParsedRequest
@@ -21,9 +22,10 @@ from inference.router.upstream import error_response
 
 class Admission:
     def __init__(self, gate: Gatekeeper, limiter: RateLimiter, metrics: RouterMetrics,
-                 tokenizing: Tokenizing, chars_per_token: CharsPerToken):
+                 tokenizing: Tokenizing, chars_per_token: CharsPerToken, budgets: BudgetMeter):
         self.gate = gate
         self.limiter = limiter
+        self.budgets = budgets
         self.metrics = metrics
         self.tokenizing = tokenizing
         self.chars_per_token = chars_per_token
@@ -42,6 +44,18 @@ class Admission:
         return error_response(429, exc.message, request_id, param=exc.limit,
                               code="rate_limit_exceeded",
                               headers={"Retry-After": str(exc.retry_after_s)})
+
+    def check_budget(self, key: ApiKey, request_id: str) -> web.Response | None:
+        """A 429 if the key's or its team's token budget is spent, else None."""
+        # hot path: runs once per request; no store call (budgets.py says why)
+        try:
+            self.budgets.check(key)
+        except BudgetExceeded as exc:
+            self.metrics.budget_refusals.labels(exc.scope, exc.period).inc()
+            return error_response(429, exc.message, request_id, param=exc.param,
+                                  code="budget_exceeded",
+                                  headers={"Retry-After": str(exc.retry_after_s)})
+        return None
 
     @staticmethod
     def busy(exc: TokenizerBusy, request_id: str) -> web.Response:

@@ -10,11 +10,22 @@ time (see keys_admin.py)::
     {"version": "...", "require_key": true,
      "keys": [{"id": 3, "prefix": "ab12cd34", "hash": "<sha256 hex>", "state": "active",
                "limits": {"requests_per_minute": 60, "prompt_tokens_per_minute": null,
-                          "generated_tokens_per_minute": 10000, "max_concurrency": 4}}]}
+                          "generated_tokens_per_minute": 10000, "max_concurrency": 4},
+               "model_limits": {"big": {"requests_per_minute": 5}},
+               "team": 2,
+               "budget": {"tokens": 1000000, "period": "month", "period_start": "2026-12-01",
+                          "spent": 52000, "spent_here": 12000}}],
+     "teams": {"2": {"tokens": 5000000, "period": "day", "period_start": "2026-12-04",
+                     "spent": 0, "spent_here": 0}}}
 
 ``state`` is ``active``, ``revoked`` or ``out_of_scope`` (a key of another deployment): the
 router answers 401 to the last two but can say why. ``require_key`` false with no legacy
 ``PDSERVE_API_KEY`` leaves the router open, as before keys existed.
+
+``model_limits`` (optional) overrides limits on one model, by served model name: on the router
+serving that model, each limit it names (null: unlimited there) replaces the key's and is counted
+apart, per key and model; the limits it does not name stay the key's own, counted across models.
+``team``, ``budget`` and ``teams`` are the token budgets, see budgets.py.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from inference.router.budgets import Budget, parse_budget
 from inference.router.prompts import RequestError
 
 Parsed = TypeVar("Parsed")
@@ -87,14 +99,25 @@ class KeyUsage:
                 "generated_tokens": self.generated_tokens}
 
 
+NOT_SCOPED = (False, False, False, False)
+
+
 @dataclass(frozen=True)
 class ApiKey:
     id: str
     prefix: str
     hash: str
     state: str
+    # The limits on this router's model: the key's, with the model's override applied.
     limits: Limits
     usage: KeyUsage = field(default_factory=KeyUsage, compare=False)
+    # Per limit of LIMIT_NAMES: whether it is the model's own (counted per key and ``model``).
+    model_scoped: tuple[bool, bool, bool, bool] = NOT_SCOPED
+    model: str = ""
+    model_limits: dict[str, dict[str, int | None]] = field(default_factory=dict, compare=False)
+    team: str = ""
+    budget: Budget | None = None
+    team_budget: Budget | None = None
 
     @property
     def label(self) -> str:
@@ -107,14 +130,16 @@ class KeySet:
     version: str = ""
     require_key: bool = False
     by_prefix: dict[str, ApiKey] = field(default_factory=dict)
+    teams: dict[str, Budget] = field(default_factory=dict)
 
     @property
     def keys(self) -> list[ApiKey]:
         return list(self.by_prefix.values())
 
 
-def parse_key_set(data: Any, previous: KeySet | None = None) -> KeySet:
-    """Validate a key set; raises RequestError naming the offending field.
+def parse_key_set(data: Any, previous: KeySet | None = None, model: str = "") -> KeySet:
+    """Validate a key set; raises RequestError naming the offending field. ``model``: the served
+    model name of the router, whose entry of each key's ``model_limits`` applies.
 
     Usage counters of keys that stay carry over from ``previous``, so a push loses no counts.
     """
@@ -129,6 +154,11 @@ def parse_key_set(data: Any, previous: KeySet | None = None) -> KeySet:
     entries = data.get("keys")
     if not isinstance(entries, list):
         raise RequestError(400, "'keys' must be a list", param="keys")
+    teams = data.get("teams") or {}
+    if not isinstance(teams, dict):
+        raise RequestError(400, "'teams' must be an object", param="teams")
+    team_budgets = {str(team): parse_budget(budget, f"teams.{team}")
+                    for team, budget in teams.items()}
     old = previous.by_prefix if previous is not None else {}
     by_prefix: dict[str, ApiKey] = {}
     for index, entry in enumerate(entries):
@@ -136,10 +166,30 @@ def parse_key_set(data: Any, previous: KeySet | None = None) -> KeySet:
         if not isinstance(entry, dict):
             raise RequestError(400, f"'{where}' must be an object", param=where)
         key_id, prefix, digest, state = key_entry(entry, where, STATES, set(by_prefix))
-        limits = _limits(entry.get("limits") or {}, f"{where}.limits")
+        own = _limit_values(entry.get("limits") or {}, f"{where}.limits")
+        overrides = entry.get("model_limits") or {}
+        if not isinstance(overrides, dict):
+            raise RequestError(400, f"'{where}.model_limits' must be an object",
+                               param=f"{where}.model_limits")
+        model_limits = {str(name): _limit_values(values, f"{where}.model_limits.{name}",
+                                                 partial=True)
+                        for name, values in overrides.items()}
+        override = model_limits.get(model, {}) if model else {}
+        scoped = ("requests_per_minute" in override, "prompt_tokens_per_minute" in override,
+                  "generated_tokens_per_minute" in override, "max_concurrency" in override)
+        team = entry.get("team", "")
+        if not isinstance(team, (int, str)) or isinstance(team, bool):
+            raise RequestError(400, f"'{where}.team' must be an integer or a string",
+                               param=f"{where}.team")
+        budget = entry.get("budget")
         usage = old[prefix].usage if prefix in old and old[prefix].id == key_id else KeyUsage()
-        by_prefix[prefix] = ApiKey(key_id, prefix, digest, state, limits, usage)
-    return KeySet(version, require_key, by_prefix)
+        by_prefix[prefix] = ApiKey(
+            key_id, prefix, digest, state, Limits(**{**own, **override}), usage,
+            model_scoped=scoped, model=model if any(scoped) else "",
+            model_limits=model_limits, team=str(team),
+            budget=parse_budget(budget, f"{where}.budget") if budget is not None else None,
+            team_budget=team_budgets.get(str(team)))
+    return KeySet(version, require_key, by_prefix, team_budgets)
 
 
 HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
@@ -169,7 +219,9 @@ def key_entry(entry: dict[str, Any], where: str, states: tuple[str, ...],
     return str(key_id), prefix, digest.lower(), state
 
 
-def _limits(data: Any, where: str) -> Limits:
+def _limit_values(data: Any, where: str, partial: bool = False) -> dict[str, int | None]:
+    """The limits of ``data`` by name; with ``partial`` only those it names, else all of them
+    (a missing one is None, unlimited)."""
     if not isinstance(data, dict):
         raise RequestError(400, f"'{where}' must be an object", param=where)
     unknown = sorted(set(data) - set(LIMIT_NAMES))
@@ -178,17 +230,20 @@ def _limits(data: Any, where: str) -> Limits:
                            param=f"{where}.{unknown[0]}")
     values: dict[str, int | None] = {}
     for name in LIMIT_NAMES:
+        if partial and name not in data:
+            continue
         value = data.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise RequestError(400, f"'{where}.{name}' must be a positive integer or null",
                                param=f"{where}.{name}")
         values[name] = value
-    return Limits(**values)
+    return values
 
 
-def load_key_file(path: str | Path) -> KeySet:
-    """The key set in ``path``; ValueError saying what is wrong with it."""
-    return load_console_file(path, "--keys-file", parse_key_set)
+def load_key_file(path: str | Path, model: str = "") -> KeySet:
+    """The key set in ``path`` (limits resolved for ``model``); ValueError saying what is wrong
+    with it."""
+    return load_console_file(path, "--keys-file", lambda data: parse_key_set(data, model=model))
 
 
 def load_console_file(path: str | Path, flag: str, parse: Callable[[Any], Parsed]) -> Parsed:
@@ -220,9 +275,14 @@ class AuthFailure(Exception):
 class Gatekeeper:
     """Decides who may call ``/v1/*``: the key set from the console and the legacy single key."""
 
-    def __init__(self, key_set: KeySet | None = None, legacy_key: str | None = None):
+    def __init__(self, key_set: KeySet | None = None, legacy_key: str | None = None,
+                 model: str = "", on_replace: Callable[[KeySet], None] | None = None):
+        """``model``: the router's served model name, whose per-model limits apply here;
+        ``on_replace``: told each new key set (the budgets follow its keys' teams)."""
         self.key_set = key_set or KeySet()
         self.legacy = f"Bearer {legacy_key}".encode() if legacy_key else None
+        self.model = model
+        self.on_replace = on_replace
 
     @property
     def open(self) -> bool:
@@ -231,7 +291,9 @@ class Gatekeeper:
     def replace(self, data: Any) -> KeySet:
         """Swap the key set in one assignment: a request sees the old set or the new, never a mix.
         Requests in flight keep the key they were admitted with."""
-        self.key_set = parse_key_set(data, self.key_set)
+        self.key_set = parse_key_set(data, self.key_set, self.model)
+        if self.on_replace is not None:
+            self.on_replace(self.key_set)
         return self.key_set
 
     def check(self, authorization: str) -> ApiKey | None:

@@ -1,7 +1,9 @@
 """The admin API for inference keys (behind the admin token, like /admin/backends):
 
     PUT /admin/keys          the whole key set (see keys.py); answers its version and size
-    GET /admin/keys          the key set without hashes: id, prefix, state, limits
+    GET /admin/keys          the key set without hashes: id, prefix, state, limits (the key's
+                             on this router's model, and its per-model overrides), team,
+                             budgets with this router's estimate of what is spent
     GET /admin/keys/usage    per key id: last use (Unix time) and counts since the router started
 
 The console pushes the set whenever a key changes and reads usage to record ``last_used_at``.
@@ -16,6 +18,7 @@ from dataclasses import asdict
 
 from aiohttp import web
 
+from inference.router.budgets import BudgetMeter
 from inference.router.client_input import parse_json
 from inference.router.keys import Gatekeeper
 from inference.router.prompts import RequestError
@@ -26,9 +29,11 @@ PATH = "/admin/keys"
 
 
 class KeysAdmin:
-    def __init__(self, gate: Gatekeeper, denied: Callable[[web.Request], web.Response | None]):
+    def __init__(self, gate: Gatekeeper, denied: Callable[[web.Request], web.Response | None],
+                 budgets: BudgetMeter):
         self.gate = gate
         self.denied = denied
+        self.budgets = budgets
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get(PATH, self.list_keys)
@@ -44,7 +49,11 @@ class KeysAdmin:
             "require_key": key_set.require_key,
             "open": self.gate.open,
             "keys": [{"id": key.id, "prefix": key.prefix, "state": key.state,
-                      "limits": asdict(key.limits)} for key in key_set.keys],
+                      "limits": asdict(key.limits), "model_limits": key.model_limits,
+                      "team": key.team,
+                      "budget": asdict(key.budget) if key.budget is not None else None,
+                      "team_budget": asdict(key.team_budget) if key.team_budget else None,
+                      "spent": self.budgets.spent(key)} for key in key_set.keys],
         })
 
     async def replace_keys(self, request: web.Request) -> web.Response:

@@ -53,6 +53,9 @@ METRICS: tuple[MetricSpec, ...] = (
                ("reason",)),
     MetricSpec("rate_limited", Counter, "pdserve_router_rate_limited",
                "Requests refused with 429, by the key's limit they exceeded", ("limit",)),
+    MetricSpec("budget_refusals", Counter, "pdserve_router_budget_refusals",
+               "Requests refused with 429 because a token budget is spent, by whose (key, team) "
+               "and period (day, month)", ("scope", "period")),
     MetricSpec("rate_limit_store_errors", Counter, "pdserve_router_rate_limit_store_errors",
                "Failed calls to the Redis that holds the rate-limit counters; the router counts "
                "in its own memory meanwhile"),
@@ -166,6 +169,7 @@ class RouterMetrics:
     kv_handoff_seconds: Histogram
     auth_failures: Counter
     rate_limited: Counter
+    budget_refusals: Counter
     rate_limit_store_errors: Counter
     key_requests: Counter
     usage_requests: Counter

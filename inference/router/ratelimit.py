@@ -25,6 +25,11 @@ round trips and leave earlier hits counted when a later limit refuses. Here one 
 checks all four and applies them only if all pass (one round trip in, one out), and the
 in-memory store runs the same arithmetic.
 
+A key's limits on one model (``model_limits`` in the key set, keys.py) are counted apart from
+its own: the key's counters are named by its prefix, a model's by prefix and model, and
+``Scope`` says, per limit, which of the two a request uses. One script call still checks all
+four.
+
 With ``REDIS_URL`` the counters live in Redis and are shared by every router replica. When
 Redis fails (refused, timed out), the router falls back to its own in-memory counters for
 ``REDIS_RETRY_S`` and then tries Redis again: limits stay enforced per replica (fail-open for
@@ -42,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from inference.router.keys import ApiKey, Limits
+from inference.router.keys import NOT_SCOPED, ApiKey, Limits
 from inference.router.redis_client import RedisClient, RedisReplyError
 
 log = logging.getLogger("pdserve.router")
@@ -58,6 +63,26 @@ LIMIT_LABELS = ("requests_per_minute", "prompt_tokens_per_minute", "generated_to
 CONCURRENCY_RETRY_S = 1
 # A Redis that refuses, resets, times out (OSError covers all three) or answers an error.
 STORE_ERRORS = (RedisReplyError, OSError)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose counters a key's request uses: per limit of LIMIT_LABELS, the key's own (counted
+    over every model) or, where ``scoped`` says so, the key's on ``model``."""
+
+    model: str = ""
+    scoped: tuple[bool, bool, bool, bool] = NOT_SCOPED
+
+    def name(self, prefix: str, index: int) -> str:
+        """The counters' name of limit ``index`` (0-3) in the memory store."""
+        return f"{prefix}:m:{self.model}" if self.scoped[index] else prefix
+
+
+KEY_SCOPE = Scope()
+
+
+def scope_of(key: ApiKey) -> Scope:
+    return Scope(key.model, key.model_scoped) if key.model else KEY_SCOPE
 
 
 class Refused(Exception):
@@ -86,10 +111,11 @@ class Ticket:
 
 class Store(Protocol):
     async def admit(self, prefix: str, costs: tuple[tuple[int, int], ...], max_concurrency: int,
-                    lease: str, lease_ttl_s: float) -> tuple[int, int]: ...
+                    lease: str, lease_ttl_s: float, scope: Scope = KEY_SCOPE
+                    ) -> tuple[int, int]: ...
 
     async def settle(self, prefix: str, lease: str | None, window: int,
-                     deltas: tuple[int, int]) -> None: ...
+                     deltas: tuple[int, int], scope: Scope = KEY_SCOPE) -> None: ...
 
 
 def wait_seconds(previous: float, current: float, cost: int, limit: int, elapsed: float) -> float:
@@ -110,7 +136,7 @@ class MemoryStore:
     """The counters of one router process. Single-threaded asyncio: each call is atomic."""
 
     def __init__(self) -> None:
-        # (prefix, limit index) -> [minute, count this minute, count last minute]
+        # (counters' name, limit index) -> [minute, count this minute, count last minute]
         self.counters: dict[tuple[str, int], list[int]] = {}
         self.leases: dict[str, dict[str, float]] = {}
 
@@ -123,17 +149,17 @@ class MemoryStore:
         return counter
 
     async def admit(self, prefix: str, costs: tuple[tuple[int, int], ...], max_concurrency: int,
-                    lease: str, lease_ttl_s: float) -> tuple[int, int]:
+                    lease: str, lease_ttl_s: float, scope: Scope = KEY_SCOPE) -> tuple[int, int]:
         now = time.time()
         minute = int(now // WINDOW_S)
         elapsed = (now - minute * WINDOW_S) / WINDOW_S
         for index, (limit, cost) in enumerate(costs):
             if limit and cost:
-                _, current, previous = self._counter(prefix, index, minute)
+                _, current, previous = self._counter(scope.name(prefix, index), index, minute)
                 if previous * (1 - elapsed) + current + cost > limit:
                     return index + 1, math.ceil(wait_seconds(previous, current, cost, limit, elapsed))
         if max_concurrency:
-            leases = self.leases.setdefault(prefix, {})
+            leases = self.leases.setdefault(scope.name(prefix, 3), {})
             for stale in [name for name, expiry in leases.items() if expiry <= now]:
                 del leases[stale]
             if len(leases) >= max_concurrency:
@@ -141,19 +167,19 @@ class MemoryStore:
             leases[lease] = now + lease_ttl_s
         for index, (limit, cost) in enumerate(costs):
             if limit and cost:
-                self._counter(prefix, index, minute)[1] += cost
+                self._counter(scope.name(prefix, index), index, minute)[1] += cost
         return 0, minute
 
     async def settle(self, prefix: str, lease: str | None, window: int,
-                     deltas: tuple[int, int]) -> None:
+                     deltas: tuple[int, int], scope: Scope = KEY_SCOPE) -> None:
         if lease is not None:
-            self.leases.get(prefix, {}).pop(lease, None)
+            self.leases.get(scope.name(prefix, 3), {}).pop(lease, None)
         minute = int(time.time() // WINDOW_S)
         # Prompt tokens are counter 1, generated tokens counter 2 (as in ``costs``).
         for index, delta in enumerate(deltas, start=1):
             if not delta:
                 continue
-            counter = self._counter(prefix, index, minute)
+            counter = self._counter(scope.name(prefix, index), index, minute)
             if delta > 0:
                 counter[1] += delta
             elif window == minute:
@@ -162,8 +188,9 @@ class MemoryStore:
                 counter[2] = max(0, counter[2] + delta)
 
 
-# KEYS[1]: the key's base name. ARGV: limit and cost of requests, prompt tokens and generated
-# tokens (limit 0: none), max concurrency (0: none), lease id, lease TTL in seconds.
+# KEYS[1]: the key's base name, KEYS[2]: the key's on the request's model. ARGV: limit and cost
+# of requests, prompt tokens and generated tokens (limit 0: none), max concurrency (0: none),
+# lease id, lease TTL in seconds, then per limit 1-4 '1' if it counts on KEYS[2].
 # Returns {0, minute} when admitted, else {limit number 1-4, seconds to wait}.
 ADMIT_LUA = """
 local t = redis.call('TIME')
@@ -171,11 +198,15 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local W = __WINDOW__
 local minute = math.floor(now / W)
 local elapsed = (now - minute * W) / W
-local base = KEYS[1]
+local function base_of(i)
+  if ARGV[9 + i] == '1' then return KEYS[2] end
+  return KEYS[1]
+end
 for i = 1, 3 do
   local limit = tonumber(ARGV[2 * i - 1])
   local cost = tonumber(ARGV[2 * i])
   if limit > 0 and cost > 0 then
+    local base = base_of(i)
     local cur = tonumber(redis.call('GET', base .. ':' .. i .. ':' .. minute) or '0')
     local prev = tonumber(redis.call('GET', base .. ':' .. i .. ':' .. (minute - 1)) or '0')
     if prev * (1 - elapsed) + cur + cost > limit then
@@ -195,7 +226,7 @@ for i = 1, 3 do
 end
 local maxc = tonumber(ARGV[7])
 if maxc > 0 then
-  local ck = base .. ':c'
+  local ck = base_of(4) .. ':c'
   redis.call('ZREMRANGEBYSCORE', ck, '-inf', now)
   if redis.call('ZCARD', ck) >= maxc then return {4, __CONCURRENCY_RETRY__} end
   local ttl = tonumber(ARGV[9])
@@ -206,7 +237,7 @@ for i = 1, 3 do
   local limit = tonumber(ARGV[2 * i - 1])
   local cost = tonumber(ARGV[2 * i])
   if limit > 0 and cost > 0 then
-    local k = base .. ':' .. i .. ':' .. minute
+    local k = base_of(i) .. ':' .. i .. ':' .. minute
     redis.call('INCRBY', k, cost)
     redis.call('EXPIRE', k, 2 * W + 10)
   end
@@ -214,12 +245,17 @@ end
 return {0, minute}
 """.replace("__WINDOW__", str(WINDOW_S)).replace("__CONCURRENCY_RETRY__", str(CONCURRENCY_RETRY_S))
 
-# KEYS[1]: base name. ARGV: lease id ('' for none), the reservation's minute, prompt tokens
-# counted minus charged, generated tokens used minus reserved.
+# KEYS as ADMIT_LUA's. ARGV: lease id ('' for none), the reservation's minute, prompt tokens
+# counted minus charged, generated tokens used minus reserved, then per limit 2-4 '1' if it
+# counts on KEYS[2].
 SETTLE_LUA = """
-local base = KEYS[1]
-if ARGV[1] ~= '' then redis.call('ZREM', base .. ':c', ARGV[1]) end
+local function base_of(i)
+  if ARGV[3 + i] == '1' then return KEYS[2] end
+  return KEYS[1]
+end
+if ARGV[1] ~= '' then redis.call('ZREM', base_of(4) .. ':c', ARGV[1]) end
 for i = 2, 3 do
+  local base = base_of(i)
   local delta = tonumber(ARGV[i + 1])
   if delta > 0 then
     local t = redis.call('TIME')
@@ -246,21 +282,25 @@ class RedisStore:
         self.client = RedisClient(url, REDIS_TIMEOUT_S, {"admit": ADMIT_LUA, "settle": SETTLE_LUA})
 
     @staticmethod
-    def _base(prefix: str) -> str:
-        # The hash tag keeps one key's counters in one slot should the Redis be a cluster.
-        return f"pdserve:rl:{{{prefix}}}"
+    def _bases(prefix: str, scope: Scope) -> list[str]:
+        # The hash tag keeps one key's counters, its models' too, in one slot should the Redis
+        # be a cluster (a script may only touch keys of one slot).
+        base = f"pdserve:rl:{{{prefix}}}"
+        return [base, f"{base}:m:{scope.model}"]
 
     async def admit(self, prefix: str, costs: tuple[tuple[int, int], ...], max_concurrency: int,
-                    lease: str, lease_ttl_s: float) -> tuple[int, int]:
+                    lease: str, lease_ttl_s: float, scope: Scope = KEY_SCOPE) -> tuple[int, int]:
         args: list[Any] = [value for pair in costs for value in pair]
-        args += [max_concurrency, lease, lease_ttl_s]
-        result = await self.client.evalsha("admit", [self._base(prefix)], args)
+        args += [max_concurrency, lease, lease_ttl_s, *(int(flag) for flag in scope.scoped)]
+        result = await self.client.evalsha("admit", self._bases(prefix, scope), args)
         assert isinstance(result, list)
         return int(result[0]), int(result[1])
 
     async def settle(self, prefix: str, lease: str | None, window: int,
-                     deltas: tuple[int, int]) -> None:
-        await self.client.evalsha("settle", [self._base(prefix)], [lease or "", window, *deltas])
+                     deltas: tuple[int, int], scope: Scope = KEY_SCOPE) -> None:
+        await self.client.evalsha("settle", self._bases(prefix, scope),
+                                  [lease or "", window, *deltas,
+                                   *(int(flag) for flag in scope.scoped[1:])])
 
     async def close(self) -> None:
         await self.client.close()
@@ -297,11 +337,11 @@ class RateLimiter:
             return Ticket(key, None, None)
         costs = ((limits.requests_per_minute or 0, 1), (0, 0), (0, 0))
         lease = uuid.uuid4().hex if limits.max_concurrency else None
-        refused, value, store = await self._try(key.prefix, costs, limits.max_concurrency or 0,
-                                                lease)
+        refused, value, store = await self._try(key, costs, limits.max_concurrency or 0, lease)
         if refused:
             key.usage.rate_limited += 1
-            raise Refused(LIMIT_LABELS[refused - 1], max(1, value), _message(limits, refused, costs))
+            raise Refused(LIMIT_LABELS[refused - 1], max(1, value),
+                          _message(key, refused, costs))
         return Ticket(key, store, lease)
 
     async def admit_tokens(self, ticket: Ticket, prompt_tokens: int, max_tokens: int | None,
@@ -325,7 +365,8 @@ class RateLimiter:
                 refused, value, store, costs = await self._try_tokens(ticket.key, charged, reserved)
         if refused:
             ticket.key.usage.rate_limited += 1
-            raise Refused(LIMIT_LABELS[refused - 1], max(1, value), _message(limits, refused, costs))
+            raise Refused(LIMIT_LABELS[refused - 1], max(1, value),
+                          _message(ticket.key, refused, costs))
         ticket.token_store, ticket.window = store, value
         ticket.reserved, ticket.prompt_charged = reserved, charged
 
@@ -334,13 +375,13 @@ class RateLimiter:
         limits = key.limits
         costs = ((0, 0), (limits.prompt_tokens_per_minute or 0, prompt_tokens),
                  (limits.generated_tokens_per_minute or 0, reserved))
-        refused, value, store = await self._try(key.prefix, costs, 0, None)
+        refused, value, store = await self._try(key, costs, 0, None)
         return refused, value, store, costs
 
-    async def _try(self, prefix: str, costs: tuple[tuple[int, int], ...], max_concurrency: int,
+    async def _try(self, key: ApiKey, costs: tuple[tuple[int, int], ...], max_concurrency: int,
                    lease: str | None) -> tuple[int, int, Store]:
         store = self._store()
-        args = (prefix, costs, max_concurrency, lease or "", self.lease_ttl_s)
+        args = (key.prefix, costs, max_concurrency, lease or "", self.lease_ttl_s, scope_of(key))
         try:
             refused, value = await store.admit(*args)
         except STORE_ERRORS as exc:
@@ -360,16 +401,17 @@ class RateLimiter:
                         if counted and ticket.prompt_charged and prompt_tokens is not None else 0)
         deltas = (prompt_delta, generated_delta)
         prefix = ticket.key.prefix
+        scope = scope_of(ticket.key)
         try:
             if ticket.lease is not None and ticket.store is not None and (
                     ticket.token_store in (None, ticket.store)):
-                await ticket.store.settle(prefix, ticket.lease, ticket.window, deltas)
+                await ticket.store.settle(prefix, ticket.lease, ticket.window, deltas, scope)
                 return
             if ticket.lease is not None and ticket.store is not None:
                 # Redis failed between the two counts: each store gives back its own.
-                await ticket.store.settle(prefix, ticket.lease, ticket.window, (0, 0))
+                await ticket.store.settle(prefix, ticket.lease, ticket.window, (0, 0), scope)
             if ticket.token_store is not None and any(deltas):
-                await ticket.token_store.settle(prefix, None, ticket.window, deltas)
+                await ticket.token_store.settle(prefix, None, ticket.window, deltas, scope)
         except STORE_ERRORS as exc:
             # The lease expires by itself after the request timeout.
             self._redis_failed(exc)
@@ -400,11 +442,15 @@ def generated_estimate(completion_tokens: int | None, stream_chunks: int, endpoi
     return max(0, stream_chunks - (2 if endpoint == "chat" else 1))
 
 
-def _message(limits: Limits, refused: int, costs: tuple[tuple[int, int], ...]) -> str:
+def _message(key: ApiKey, refused: int, costs: tuple[tuple[int, int], ...]) -> str:
+    # A model's own limit says so: the same key may well be within its limits on other models.
+    where = f" on model {key.model!r}" if key.model_scoped[refused - 1] else ""
     if refused == 4:
-        return f"rate limit exceeded: max_concurrency ({limits.max_concurrency} requests in flight)"
+        return (f"rate limit exceeded: max_concurrency{where} ({key.limits.max_concurrency} "
+                "requests in flight)")
     limit, cost = costs[refused - 1]
     name = LIMIT_LABELS[refused - 1]
     if cost > limit:
-        return f"rate limit exceeded: this request needs {cost}, more than {name} ({limit}) allows"
-    return f"rate limit exceeded: {name} ({limit})"
+        return (f"rate limit exceeded: this request needs {cost}, more than {name}{where} "
+                f"({limit}) allows")
+    return f"rate limit exceeded: {name}{where} ({limit})"

@@ -32,6 +32,7 @@ from inference.router.backends import (
     probe,
     probe_forever,
 )
+from inference.router.budgets import BudgetMeter
 from inference.router.client_input import openai_errors, parse_json
 from inference.router.config import RouterConfig, build_parser, config_from_args
 from inference.router.forward import REVISION_HEADER
@@ -82,8 +83,15 @@ class Router:
         self.config = config
         self.checker = checker
         self.metrics = RouterMetrics.create()
-        self.gate = Gatekeeper(load_key_file(config.keys_file) if config.keys_file else None,
-                               legacy_key=config.api_key)
+        self.usage = UsageLedger(config.usage_file)
+        # The budgets count with the ledger's clock, so that both agree on the day.
+        self.budgets = BudgetMeter(clock=lambda: self.usage.clock())
+        self.gate = Gatekeeper(
+            load_key_file(config.keys_file, config.served_model_name) if config.keys_file
+            else None, legacy_key=config.api_key, model=config.served_model_name,
+            on_replace=self.budgets.keys_changed)
+        self.budgets.keys_changed(self.gate.key_set)
+        self.budgets.load(self.usage.token_totals(self.budgets.month_start()))
         # A PD request makes two worker calls, each within the request timeout; a lease
         # outliving both belongs to a replica that died.
         self.limiter = RateLimiter(config.redis_url, lease_ttl_s=2 * config.request_timeout_s + 30,
@@ -92,8 +100,7 @@ class Router:
         self.tokenizing = Tokenizing(config.tokenize_threads or default_threads(),
                                      config.tokenize_queue)
         self.admission = Admission(self.gate, self.limiter, self.metrics, self.tokenizing,
-                                   self.chars_per_token)
-        self.usage = UsageLedger(config.usage_file)
+                                   self.chars_per_token, self.budgets)
         self.warmup: WarmupPrompt | None = None
         if config.kv_warmup_tokens:
             self.warmup = WarmupPrompt(
@@ -425,10 +432,13 @@ class Router:
         request_id = timeline.request_id
         if isinstance(key := self.admission.check_auth(request, request_id), web.Response):
             return key
-        # The cheap limits first, before the body is even read: a key over its request rate or
-        # its concurrency costs the router no parsing and no tokenizing.
+        # The cheap limits first, before the body is even read: a key whose budget is spent, or
+        # over its request rate or its concurrency, costs the router no parsing and no
+        # tokenizing.
         ticket = None
         if key is not None:
+            if (spent := self.admission.check_budget(key, request_id)) is not None:
+                return spent
             try:
                 ticket = await self.limiter.admit_request(key)
             except Refused as exc:
@@ -486,6 +496,8 @@ class Router:
                                                    timeline.stream_chunks, timeline.endpoint)
         self.usage.record(key.id if key is not None else "", failed, prompt_tokens,
                           completion_tokens, timeline.since_arrival() * 1000)
+        if key is not None:
+            self.budgets.record(key, prompt_tokens + completion_tokens)
         self.metrics.record_usage(key.label if key is not None else "", failed, prompt_tokens,
                                   completion_tokens)
 

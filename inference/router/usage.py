@@ -61,6 +61,7 @@ ON CONFLICT (day, key) DO UPDATE SET
 """
 SELECT = ("SELECT day, key, requests, errors, prompt_tokens, completion_tokens, latency_ms_sum "
           "FROM usage WHERE day >= ?")
+SELECT_TOKENS = "SELECT day, key, prompt_tokens + completion_tokens FROM usage WHERE day >= ?"
 
 Slot = tuple[str, str]  # (day, key id)
 
@@ -296,6 +297,19 @@ class UsageLedger:
 
     def _read(self, since: str) -> list[tuple[Any, ...]]:
         return self._db.execute(SELECT, (since,)).fetchall()
+
+    def token_totals(self, since: str) -> list[tuple[str, str, int]]:
+        """(day, key id, prompt + completion tokens) of the days >= ``since``, what the file
+        holds plus what is pending: the token budgets start from it (budgets.py). Reads on the
+        caller's thread, so only before the router serves. ValueError naming --usage-file if
+        the file cannot be read: a router must not start with budgets it cannot count."""
+        try:
+            stored = self._db.execute(SELECT_TOKENS, (since,)).fetchall()
+        except sqlite3.Error as exc:
+            raise ValueError(f"{FLAG}: {self.path} cannot be read: {exc}") from exc
+        pending = [(day, key, c.prompt_tokens + c.completion_tokens)
+                   for (day, key), c in self._pending.items() if day >= since]
+        return [*stored, *pending]
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

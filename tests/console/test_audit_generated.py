@@ -22,6 +22,7 @@ from console.catalog.models import BaseModel, QuantizationJob
 from console.deployments.models import Deployment
 from console.fleet.models import Node
 from console.fleet.services import local_node
+from console.gateway.models import TeamBudget
 from console.rollouts.models import Revision, Rollout
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port
@@ -109,6 +110,12 @@ CHANGES: dict[tuple[str, str], Change] = {
         "name": "k3", "deployments": [w.deployment.name]}, "key.edit"),
     ("api/v1/keys/{pk}/", "patch"): Change("operator", lambda w: {"name": "k4"}, "key.edit"),
     ("api/v1/keys/{pk}/revoke/", "post"): Change("operator", _none, "key.revoke"),
+    # token budgets of teams
+    ("api/v1/team-budgets/{name}/", "put"): Change("admin", lambda w: {
+        "budget_tokens": 1000, "budget_period": "day"}, "team_budget.edit"),
+    ("api/v1/team-budgets/{name}/", "patch"): Change("admin", lambda w: {"budget_tokens": 2000},
+                                                     "team_budget.edit"),
+    ("api/v1/team-budgets/{name}/", "delete"): Change("admin", _none, "team_budget.delete"),
     ("keys/new/", "post"): Change("operator", lambda w: {
         "name": "k5", "team": str(w.alpha.pk), "deployments": [w.deployment.name]},
         "key.create"),
@@ -361,6 +368,10 @@ def _banded(w: World) -> None:
                                                                        "max_ratio": 2.0})
 
 
+def _team_budget(w: World) -> None:
+    TeamBudget.objects.create(team=w.alpha, tokens=500, period="month")
+
+
 def _inactive_viewer(w: World) -> None:
     type(w.viewer).objects.filter(pk=w.viewer.pk).update(is_active=False)
 
@@ -379,6 +390,8 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("api/v1/quantization-jobs/{pk}/cancel/", "post"): _queued_job,
     ("models/jobs/{pk}/cancel/", "post"): _queued_job,
     ("users/{pk}/activate/", "post"): _inactive_viewer,
+    ("api/v1/team-budgets/{name}/", "patch"): _team_budget,
+    ("api/v1/team-budgets/{name}/", "delete"): _team_budget,
     ("api/v1/deployments/{pk}/gate/", "post"): _running,
     ("deployments/{name}/gate/run/", "post"): _running,
     ("api/v1/deployments/{pk}/", "delete"): _stopped,

@@ -84,6 +84,9 @@ def test_update_limits_and_scope_then_revoke(api: APIClient, deployment: Deploym
     assert response.json()["generated_tokens_per_minute"] == 5000
     response = api.patch(detail, {"generated_tokens_per_minute": None}, format="json")
     assert response.json()["generated_tokens_per_minute"] is None
+    assert (response.json()["priority"], response.json()["priority_header"]) == ("normal", False)
+    response = api.patch(detail, {"priority": "low", "priority_header": True}, format="json")
+    assert (response.json()["priority"], response.json()["priority_header"]) == ("low", True)
 
     revoked = api.post(f"{detail}revoke")
     assert revoked.status_code == 200 and revoked.json()["state"] == "revoked"
@@ -101,6 +104,8 @@ def test_update_limits_and_scope_then_revoke(api: APIClient, deployment: Deploym
     ({"prompt_tokens_per_minute": -5}, "prompt_tokens_per_minute"),
     ({"generated_tokens_per_minute": "lots"}, "generated_tokens_per_minute"),
     ({"max_concurrency": 2_000_000_000}, "max_concurrency"),
+    ({"priority": "urgent"}, "priority"),
+    ({"priority_header": "sometimes"}, "priority_header"),
 ])
 def test_bad_input_is_400_naming_the_field_and_saves_nothing(
         api: APIClient, deployment: Deployment, fields: dict[str, Any], field: str) -> None:

@@ -13,10 +13,11 @@ from rest_framework.test import APIClient
 
 from console.accounts.models import Team
 from console.deployments.models import Deployment
-from console.gateway.models import ModelAlias
+from console.gateway.models import ApiKey, ModelAlias
 from console.gateway.routes_config import gateway_config
 from console.gateway.services import create_key
 from console.supervisor.models import ManagedProcess
+from inference.gateway.config import parse_config
 from tests.console.passwords import OWNER_PASSWORD
 
 URL = "/api/v1/aliases/"
@@ -133,10 +134,25 @@ def test_the_gateway_is_told_routers_states_aliases_and_each_key_s_deployments(
     assert by_name["backup"] == {"name": "backup", "served_model_name": "backup-model",
                                  "router": "http://127.0.0.1:8181",
                                  "state": "degraded (no decode)", "team": "default",
-                                 "require_key": True}
+                                 "require_key": True, "max_concurrency": second.concurrency}
     assert by_name[deployment.name]["require_key"] is False
     assert changed["aliases"] == [{"name": "chat", "targets": ["backup"]}]
     assert changed["keys"] == [{"id": key.pk, "prefix": key.prefix, "hash": key.key_hash,
-                                "state": "active", "deployments": ["backup"]}]
+                                "state": "active", "deployments": ["backup"], "team": "default",
+                                "priority": "normal", "priority_header": False}]
+    assert changed["queue"] == {"max_queue": 64, "timeout_s": 60}
     assert secret not in str(changed)
     assert gateway_config()["version"] == changed["version"]  # the same database, the same one
+
+    # The gateway's queue opens past the plan's concurrency times the ready workers that
+    # generate; a key's priority reaches it.
+    for index in range(2):
+        ManagedProcess.objects.create(deployment=second, slot=f"decode-{index}", role="decode",
+                                      port=9300 + index, state=ManagedProcess.State.READY,
+                                      log_path="/dev/null")
+    ApiKey.objects.filter(pk=key.pk).update(priority="low", priority_header=True)
+    grown = gateway_config()
+    by_name = {entry["name"]: entry for entry in grown["deployments"]}
+    assert by_name["backup"]["max_concurrency"] == 2 * second.concurrency
+    assert (grown["keys"][0]["priority"], grown["keys"][0]["priority_header"]) == ("low", True)
+    parse_config(grown)  # what the gateway takes

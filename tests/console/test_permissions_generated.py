@@ -88,6 +88,9 @@ KINDS: dict[str, str] = {
     "api/v1/aliases/{pk}/": TEAM,
     "api/v1/usage/": TEAM,
     "api/v1/usage/export.csv/": TEAM,
+    "api/v1/gateway/traffic/": TEAM,
+    "api/v1/team-budgets/": TEAM,
+    "api/v1/team-budgets/{name}/": TEAM,
     "api/v1/measurements/": SHARED,
     "api/v1/measurements/{pk}/": SHARED,
     "api/v1/models/": SHARED,
@@ -218,6 +221,7 @@ def _value(world: World, resource: str, name: str) -> object:
         "rollouts": world.rollout.pk if world.rollout else None,
         "revisions": world.revision.number if world.revision else None,
         "autoscaling": "decode",
+        "team-budgets": world.alpha.name,
     }
     if resource not in by_resource:
         raise AssertionError(f"no object for {{{name}}} after {resource}/: add it to _value")

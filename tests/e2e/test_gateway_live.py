@@ -6,12 +6,18 @@ What a client of several models meets: each deployment by its served name, strea
 an alias; /v1/models as its key may see it; 404 for a model it may not use, the same as for one
 that does not exist; 401 without a key where one is needed; and an alias whose first deployment
 stops, served by the next one, the answer naming which.
+
+And while a deployment is saturated: a high-priority trickle keeps its TTFT within the SLO
+beside a low-priority flood that is shed with 429, and two teams at one priority get equal
+shares whatever each sends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -169,3 +175,135 @@ def test_one_endpoint_serves_each_deployment_by_name_and_alias_as_its_key_allows
                 handle.call("POST", f"/api/v1/deployments/{deployment_id}/stop")
                 _wait(lambda d=deployment_id: _state(handle, d) == "stopped", "a stop", 90)
                 assert handle.call("DELETE", f"/api/v1/deployments/{deployment_id}/").status_code == 204
+
+
+# ---- priority and fairness while the deployment is saturated -----------------------------
+# The borrowed deployment's limit in the gateway: its plan's concurrency (8) times its one
+# decode worker; its console's gateway queue holds 8 (tests/borrowed.py).
+FLOOD_CLIENTS = 28
+TRICKLE_REQUESTS = 10
+# Requests of one length (the random model may end early otherwise): equal work per request.
+ANSWER = {"max_tokens": 16, "ignore_eos": True}
+
+
+@dataclass
+class Tally:
+    ok: list[float] = field(default_factory=list)  # completion times, monotonic
+    refused: int = 0
+    retry_after: set[str] = field(default_factory=set)
+
+
+async def _flood(client: httpx.AsyncClient, model: str, key: str, tally: Tally,
+                 until: float) -> None:
+    """One client sending back to back until ``until``; a refused request is sent again at
+    once (a client that honoured Retry-After would only make the flood smaller)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    while time.monotonic() < until:
+        response = await client.post("/v1/completions", headers=headers, json={
+            "model": model, "prompt": PROMPT, **ANSWER})
+        if response.status_code == 200:
+            tally.ok.append(time.monotonic())
+        else:
+            assert response.status_code == 429, response.text
+            assert response.json()["error"]["code"] in ("queue_full", "shed")
+            tally.refused += 1
+            tally.retry_after.add(response.headers["Retry-After"])
+            await asyncio.sleep(0.05)
+
+
+async def _ttft(client: httpx.AsyncClient, model: str, key: str) -> float:
+    """Seconds to the first streamed token of one request."""
+    started = time.monotonic()
+    async with client.stream("POST", "/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                             json={"model": model, "prompt": PROMPT, "stream": True, **ANSWER}
+                             ) as response:
+        assert response.status_code == 200, await response.aread()
+        first = None
+        async for line in response.aiter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.monotonic() - started
+        assert first is not None
+        return first
+
+
+async def _saturate(handle: Handle, keys: dict[str, str]) -> dict[str, Any]:
+    model = handle.served_model_name
+    async with httpx.AsyncClient(base_url=handle.gateway, timeout=120,
+                                 limits=httpx.Limits(max_connections=200)) as client:
+        idle = sorted([await _ttft(client, model, keys["interactive"]) for _ in range(3)])
+        # A low-priority flood, and a high-priority request every half second beside it.
+        flood = Tally()
+        until = time.monotonic() + 25
+        flooding = [asyncio.create_task(_flood(client, model, keys["batch"], flood, until))
+                    for _ in range(FLOOD_CLIENTS)]
+        await asyncio.sleep(5)  # the queue is full before the first high-priority request
+        traffic = (await client.get(f"{handle.console}/api/v1/gateway/traffic/",
+                                    headers={"Authorization": f"Token {handle.token}"})).json()
+        trickle = []
+        for _ in range(TRICKLE_REQUESTS):
+            trickle.append(await _ttft(client, model, keys["interactive"]))
+            await asyncio.sleep(0.5)
+        await asyncio.gather(*flooding)
+
+        # Two teams at the same priority, one sending three times as much as the other.
+        teams = {"a": Tally(), "b": Tally()}
+        started = time.monotonic()
+        until = started + 30
+        both = [asyncio.create_task(_flood(client, model, keys[f"team-{team}"], teams[team], until))
+                for team, clients in (("a", 24), ("b", 8)) for _ in range(clients)]
+        await asyncio.gather(*both)
+    # Counted after the first 5 s, when both teams have been waiting for a while.
+    shares = {team: sum(1 for at in tally.ok if at > started + 5) for team, tally in teams.items()}
+    return {"idle": idle, "trickle": sorted(trickle), "flood": flood, "traffic": traffic,
+            "shares": shares, "teams": teams}
+
+
+def test_a_saturated_deployment_serves_the_high_band_first_sheds_the_flood_and_shares_fairly(
+        borrowed: Handle) -> None:
+    handle = borrowed
+    made: list[int] = []
+    try:
+        secrets: dict[str, str] = {}
+        for team in ("gw-team-a", "gw-team-b"):
+            response = handle.call("POST", "/api/v1/teams/", json={"name": team})
+            assert response.status_code in (201, 400), response.text  # 400: made by an earlier run
+        # Keys of teams without deployments of their own: the borrowed deployment stays open
+        # (keyless) for the next borrower, and each key's team is its fairness flow.
+        for name, team, priority in (("batch", "gw-team-a", "low"),
+                                     ("interactive", "gw-team-a", "high"),
+                                     ("team-a", "gw-team-a", "normal"),
+                                     ("team-b", "gw-team-b", "normal")):
+            created = _created(handle.call("POST", "/api/v1/keys/", json={
+                "name": f"gw-{name}", "team": team, "all_deployments": True,
+                "priority": priority}))
+            made.append(created["id"])
+            secrets[name] = created["key"]
+        # The gateway hears of the keys within one sync round.
+        _wait(lambda: handle.served_model_name in _listed(handle, secrets["batch"]),
+              "the gateway to know the keys", 30)
+
+        result = asyncio.run(_saturate(handle, secrets))
+
+        flood: Tally = result["flood"]
+        slo_s = handle.deployment()["ttft_slo_ms"] / 1000
+        # The flood was shed (429 with a Retry-After), and still served in part.
+        assert flood.refused > 0 and flood.ok, (flood.refused, len(flood.ok))
+        assert all(int(value) >= 1 for value in flood.retry_after)
+        # Every high-priority request was served, its TTFT within the plan's SLO although 28
+        # clients kept the deployment saturated.
+        trickle = result["trickle"]
+        assert trickle[int(len(trickle) * 0.9) - 1] <= slo_s, (trickle, result["idle"], slo_s)
+        # The console showed the queue while the flood ran.
+        [row] = [r for r in result["traffic"]["deployments"] if r["deployment"] == NAME]
+        assert result["traffic"]["gateway"] == "running" and row["limit"] == 8, result["traffic"]
+        assert row["in_flight"] == 8 and {w["band"] for w in row["waiting"]} == {"low"}, row
+        # Equal shares for the two teams, within 10 %, whatever each sent.
+        shares = result["shares"]
+        assert min(shares.values()) >= 0.9 * max(shares.values()), (
+            shares, {team: tally.refused for team, tally in result["teams"].items()})
+        print(f"\ngateway saturation: idle TTFT {result['idle']}, high band under the flood "
+              f"{[round(t, 3) for t in trickle]} (SLO {slo_s} s); flood {len(flood.ok)} served, "
+              f"{flood.refused} refused; team shares {shares}")
+    finally:
+        for key_id in made:
+            handle.call("POST", f"/api/v1/keys/{key_id}/revoke")

@@ -25,6 +25,7 @@ EXPECTED = [
     ("kv_handoff_seconds", Histogram, "pdserve_router_kv_handoff_seconds", ("revision",)),
     ("auth_failures", Counter, "pdserve_router_auth_failures", ("reason",)),
     ("rate_limited", Counter, "pdserve_router_rate_limited", ("limit",)),
+    ("budget_refusals", Counter, "pdserve_router_budget_refusals", ("scope", "period")),
     ("rate_limit_store_errors", Counter, "pdserve_router_rate_limit_store_errors", ()),
     ("key_requests", Counter, "pdserve_router_key_requests", ("key",)),
     ("usage_requests", Counter, "pdserve_router_usage_requests", ("key", "outcome")),

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from rest_framework import serializers
@@ -7,7 +8,8 @@ from rest_framework import serializers
 from console.accounts.models import Team
 from console.accounts.roles import visible
 from console.deployments.models import Deployment
-from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias
+from console.gateway.budgets import Spend, renews_at
+from console.gateway.models import BUDGET_VALIDATORS, LIMIT_FIELDS, ApiKey, BudgetPeriod, ModelAlias
 from console.gateway.usage import latency_ms_avg
 
 
@@ -24,11 +26,26 @@ class ApiKeySerializer(serializers.ModelSerializer):
     prefix = serializers.CharField(source="display_prefix", read_only=True)
     state = serializers.CharField(read_only=True)
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # Checked against the key's team by the view (services.clean_model_limits).
+    model_limits = serializers.JSONField(
+        required=False,
+        help_text='per served model name, limits that replace the key\'s on that model, e.g. '
+                  '{"big": {"requests_per_minute": 5}} (null: unlimited on that model); the '
+                  'limits a model does not name stay the key\'s, counted over all its models')
+    budget_spent = serializers.SerializerMethodField(
+        help_text="prompt + completion tokens the key used in the current budget period, over "
+                  "every deployment, as last read from the routers (every 5 s); null without a "
+                  "budget")
+    budget_renews_at = serializers.SerializerMethodField(
+        help_text="when the current budget period ends (UTC); null without a budget")
 
     class Meta:
         model = ApiKey
         fields = ["id", "name", "team", "prefix", "state", "all_deployments", "deployments",
-                  *LIMIT_FIELDS, "created_at", "created_by", "last_used_at", "revoked_at"]
+                  *LIMIT_FIELDS, "model_limits", "budget_tokens", "budget_period",
+                  "budget_spent", "budget_renews_at", "priority", "priority_header",
+                  "created_at", "created_by",
+                  "last_used_at", "revoked_at"]
         read_only_fields = ["created_at", "last_used_at", "revoked_at"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -43,6 +60,18 @@ class ApiKeySerializer(serializers.ModelSerializer):
         if self.instance is not None and team.pk != self.instance.team_id:
             raise serializers.ValidationError("a key stays in its team; make a new key instead")
         return team
+
+    def get_budget_spent(self, key: ApiKey) -> int | None:
+        spent: Spend | None = self.context.get("spend")
+        if key.budget_tokens is None or spent is None:
+            return None
+        return spent.key(key.pk)
+
+    def get_budget_renews_at(self, key: ApiKey) -> datetime | None:
+        spent: Spend | None = self.context.get("spend")
+        if key.budget_tokens is None or spent is None:
+            return None
+        return renews_at(spent.periods[key.budget_period])
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         instance: ApiKey | None = self.instance
@@ -72,6 +101,40 @@ class CreatedApiKeySerializer(ApiKeySerializer):
 
     def get_key(self, _obj: ApiKey) -> str:
         return str(self.context["secret"])
+
+
+class TeamBudgetSerializer(serializers.Serializer):
+    """A team's token budget: prompt + completion tokens of all its keys per UTC day or calendar
+    month, what they spent in the current period, and when it renews; the fields are named as
+    a key's budget is. Written with PUT/PATCH, removed with DELETE."""
+
+    team = serializers.CharField(read_only=True, help_text="the team's name")
+    budget_tokens = serializers.IntegerField(
+        min_value=BUDGET_VALIDATORS[0].limit_value, max_value=BUDGET_VALIDATORS[1].limit_value,
+        allow_null=True, help_text="prompt + completion tokens per period; null: no budget")
+    budget_period = serializers.ChoiceField(choices=BudgetPeriod.choices,
+                                            default=BudgetPeriod.MONTH)
+    budget_spent = serializers.IntegerField(
+        read_only=True, allow_null=True,
+        help_text="tokens the team's keys used in the current period, over every deployment, as "
+                  "last read from the routers (every 5 s); null without a budget")
+    budget_renews_at = serializers.DateTimeField(read_only=True, allow_null=True,
+                                                 help_text="when the current period ends (UTC)")
+
+    def to_representation(self, instance: Team) -> dict[str, Any]:
+        budget = getattr(instance, "token_budget", None)
+        spent: Spend | None = self.context.get("spend")
+        if budget is None or spent is None:
+            return {"team": instance.name, "budget_tokens": None, "budget_period": None,
+                    "budget_spent": None, "budget_renews_at": None}
+        return {"team": instance.name, "budget_tokens": budget.tokens,
+                "budget_period": budget.period, "budget_spent": spent.team(instance.pk),
+                "budget_renews_at": renews_at(spent.periods[budget.period]).isoformat()}
+
+    def validate_budget_tokens(self, tokens: int | None) -> int:
+        if tokens is None:
+            raise serializers.ValidationError("give a number of tokens; DELETE removes a budget")
+        return tokens
 
 
 class ModelAliasSerializer(serializers.ModelSerializer):
@@ -154,3 +217,30 @@ class UsageRowSerializer(serializers.Serializer):
         # left out instead, so that null keeps meaning "no key", "deleted deployment".
         return {name: value for name, value in data.items()
                 if name in instance or name == "latency_ms_avg"}
+
+
+class QueueWaitingSerializer(serializers.Serializer):
+    band = serializers.CharField(help_text="priority band: high, normal or low")
+    flow = serializers.CharField(help_text="fairness flow: the key's team, or what a key "
+                                           "allowed to send X-Pdserve-Fairness-Id set")
+    requests = serializers.IntegerField()
+
+
+class DeploymentTrafficSerializer(serializers.Serializer):
+    deployment = serializers.CharField()
+    model = serializers.CharField(help_text="its served model name")
+    rps = serializers.FloatField(allow_null=True, help_text="requests through the gateway per "
+                                 "second, refusals included (the latest 1 s snapshot)")
+    shed_ps = serializers.FloatField(allow_null=True, help_text="requests the gateway's queue "
+                                     "refused per second (shed, or timed out waiting)")
+    in_flight = serializers.IntegerField(allow_null=True, help_text="requests the gateway has "
+                                         "in flight to it; null when it has no queue")
+    limit = serializers.IntegerField(allow_null=True, help_text="requests in flight past which "
+                                     "the gateway queues (the plan's concurrency times the "
+                                     "ready workers that generate)")
+    waiting = QueueWaitingSerializer(many=True)
+
+
+class GatewayTrafficSerializer(serializers.Serializer):
+    gateway = serializers.CharField(help_text="running, off, or unreachable: <why>")
+    deployments = DeploymentTrafficSerializer(many=True)

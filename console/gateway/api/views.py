@@ -25,18 +25,32 @@ from rest_framework.views import APIView
 
 from console.accounts.models import Role, Team
 from console.accounts.permissions import TeamRole
-from console.accounts.roles import team_to_create_in, visible
+from console.accounts.roles import team_to_create_in, visible, visible_teams
+from console.deployments.models import Deployment
 from console.gateway.aliases import create_alias, delete_alias, update_alias
 from console.gateway.api.serializers import (
     ApiKeySerializer,
     CreatedApiKeySerializer,
+    GatewayTrafficSerializer,
     ModelAliasSerializer,
+    TeamBudgetSerializer,
     UsageRowSerializer,
 )
+from console.gateway.budgets import spend
 from console.gateway.forms import FILTERS as USAGE_FILTERS
 from console.gateway.forms import UsageFilterForm
-from console.gateway.models import LIMIT_FIELDS, ApiKey, ModelAlias, UsageDay
-from console.gateway.services import create_key, revoke_key, scope_errors, update_key
+from console.gateway.models import ApiKey, ModelAlias, TeamBudget, UsageDay
+from console.gateway.services import (
+    KEY_SETTINGS,
+    clean_model_limits,
+    clear_team_budget,
+    create_key,
+    revoke_key,
+    scope_errors,
+    set_team_budget,
+    update_key,
+)
+from console.gateway.traffic import traffic
 from console.gateway.usage import aggregate
 
 
@@ -62,6 +76,11 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         return visible(ApiKey.objects.select_related("created_by", "team").prefetch_related(
             "deployments"), self.request.user)
 
+    def get_serializer_context(self) -> dict[str, Any]:
+        # The budgets' spend in one query for every key the caller sees, not one per key.
+        budgeted = visible(ApiKey.objects.filter(budget_tokens__isnull=False), self.request.user)
+        return {**super().get_serializer_context(), "spend": spend(list(budgeted))}
+
     @extend_schema(responses={201: CreatedApiKeySerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
@@ -71,10 +90,12 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         errors = scope_errors(team, data.get("deployments", []))
         if errors:
             raise ValidationError(errors)
+        if "model_limits" in data:
+            data["model_limits"] = _model_limits(data["model_limits"], team)
         key, secret = create_key(
             name=data["name"], team=team, deployments=data.get("deployments", []),
             all_deployments=data.get("all_deployments", False),
-            limits={field: data.get(field) for field in LIMIT_FIELDS}, user=request.user)
+            limits={field: data.get(field) for field in KEY_SETTINGS}, user=request.user)
         answer = CreatedApiKeySerializer(key, context={**self.get_serializer_context(),
                                                        "secret": secret})
         return Response(answer.data, status=status.HTTP_201_CREATED)
@@ -84,7 +105,11 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
                               serializer.validated_data.get("deployments", []))
         if errors:
             raise ValidationError(errors)
-        serializer.instance = update_key(serializer.instance, dict(serializer.validated_data))
+        changes = dict(serializer.validated_data)
+        if "model_limits" in changes:
+            changes["model_limits"] = _model_limits(changes["model_limits"],
+                                                    serializer.instance.team)
+        serializer.instance = update_key(serializer.instance, changes)
 
     @extend_schema(request=None)
     @action(detail=True, methods=["post"])
@@ -92,6 +117,63 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         """Revoke the key: every router refuses it from its next request on."""
         key = revoke_key(self.get_object())
         return Response(self.get_serializer(key).data)
+
+
+def _model_limits(value: Any, team: Team) -> dict[str, dict[str, int | None]]:
+    """The per-model limits checked against ``team``'s models; a 400 naming the field."""
+    try:
+        return clean_model_limits(value if value is not None else {}, team)
+    except DjangoValidationError as exc:
+        raise ValidationError({"model_limits": exc.messages}) from exc
+
+
+class TeamBudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                        viewsets.GenericViewSet):
+    """Teams' token budgets, by team name: every team the caller sees, with or without a
+    budget. A team's admin sets one (PUT/PATCH) or removes it (DELETE)."""
+
+    serializer_class = TeamBudgetSerializer
+    permission_classes = [TeamRole]
+    lookup_field = "name"
+    team_roles = {"update": Role.ADMIN, "partial_update": Role.ADMIN, "destroy": Role.ADMIN}
+
+    @staticmethod
+    def team_id_of(team: Team) -> int:
+        return team.pk
+
+    def get_queryset(self) -> QuerySet[Team]:
+        return visible_teams(self.request.user).select_related("token_budget").order_by("name")
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        budgets = TeamBudget.objects.filter(team__in=visible_teams(self.request.user))
+        return {**super().get_serializer_context(), "spend": spend(teams=list(budgets))}
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        team = self.get_object()
+        partial = kwargs.get("partial", False)
+        current = TeamBudget.objects.filter(team=team).first()
+        serializer = self.get_serializer(data=request.data, partial=partial)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        if "budget_tokens" not in data and current is None:
+            raise ValidationError({"budget_tokens": ["the team has no budget yet: give its "
+                                                     "tokens"]})
+        set_team_budget(team, data.get("budget_tokens", current.tokens if current else 0),
+                        data.get("budget_period", current.period if current else "month"))
+        team = self.get_queryset().get(pk=team.pk)
+        return Response(self.get_serializer(team).data)
+
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return self.update(request, *args, partial=True, **kwargs)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        budget = TeamBudget.objects.filter(team=self.get_object()).first()
+        if budget is None:
+            return Response({"detail": "the team has no token budget"},
+                            status=status.HTTP_404_NOT_FOUND)
+        clear_team_budget(budget)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ModelAliasViewSet(viewsets.ModelViewSet):
@@ -216,3 +298,18 @@ class UsageExportView(APIView):
             content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = 'attachment; filename="pdserve-usage.csv"'
         return response
+
+
+class GatewayTrafficView(APIView):
+    """Each deployment's traffic through the gateway and its queue: the gateway page's table."""
+
+    permission_classes = [TeamRole]
+
+    @extend_schema(responses=GatewayTrafficSerializer,
+                   description="Per deployment you may see: requests and refusals per second "
+                               "through the gateway, requests in flight against the limit past "
+                               "which it queues, and who waits, by priority band and fairness "
+                               "flow (read live from the gateway).")
+    def get(self, request: Request) -> Response:
+        deployments = list(visible(Deployment.objects.order_by("name"), request.user))
+        return Response(GatewayTrafficSerializer(traffic(deployments)).data)
