@@ -23,6 +23,7 @@ APP_ORDER: tuple[str, ...] = (
     "quality",      # output gates and variant measurements
     "playground",   # chat with a deployment through its router
     "alerts",       # alert rules over the metrics, silences, notifiers and the alert dashboard
+    "diagnosis",    # the troubleshooting view: eight symptoms from checks, metrics, logs, alerts
     "rollouts",     # revisions of a deployment and the rollouts between them
     "autoscaling",  # pool policies, the autoscaler's decisions; it pauses during a rollout
     "control",      # composition root: the deployment lifecycle, its pages, the supervise daemon

@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "console.gateway",
     "console.quality",
     "console.alerts",
+    "console.diagnosis",
     "console.rollouts",
     "console.autoscaling",
     "console.control",
@@ -260,6 +261,8 @@ SPECTACULAR_SETTINGS = {
         "AlertSeverityEnum": "console.alerts.models.Severity",
         "DeliveryStateEnum": "console.alerts.models.Delivery.State",
         "WorkerPlanRoleEnum": "console.deployments.models.WorkerPlan.Role",
+        "SymptomStateEnum": "console.diagnosis.symptoms.STATE_CHOICES",
+        "EvidenceSourceEnum": "console.diagnosis.symptoms.SOURCE_CHOICES",
     },
 }
 

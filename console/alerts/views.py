@@ -35,6 +35,7 @@ from console.alerts.models import (
 )
 from console.alerts.notifiers.targets import masked_url
 from console.alerts.rule_preview import preview
+from console.alerts.symptom_links import doctor_path_of
 from console.deployments.models import Deployment
 
 SPARKLINE_S = 900.0
@@ -82,6 +83,7 @@ def alert_detail(request: HttpRequest, pk: int) -> HttpResponse:
     alert = get_object_or_404(_alerts(request), pk=pk)
     return render(request, "alerts/detail.html", {
         "alert": alert, "events": alert.events.all()[:100],
+        "doctor_url": doctor_path_of(alert.labels),
         "can_operate": _operates(request, alert.deployment.team_id),
         "silence_form": SilenceFromAlertForm(), "ack_form": AcknowledgeForm()})
 

@@ -15,6 +15,7 @@ from django.core.mail import EmailMessage, get_connection
 
 from console.alerts.models import Notifier
 from console.alerts.notifiers.sender import Sender, SendResult
+from console.alerts.symptom_links import doctor_path_of
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time: Alertmanager's endsAt of a firing alert
 
@@ -77,6 +78,9 @@ def body(payload: dict[str, Any]) -> str:
             ends = alert["endsAt"]
             lines.append(f"Ends at: {'still firing' if ends == ZERO_TIME else ends}")
             lines.append(f"Source: {alert['generatorURL']}")
+            doctor = doctor_path_of(alert["labels"])
+            if doctor:
+                lines.append(f"Troubleshoot: {payload['externalURL']}{doctor}")
             lines.append("")
     return "\n".join(lines)
 
