@@ -17,7 +17,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 app = Celery("pdserve")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # The modules that define tasks, imported when a worker starts.
-app.conf.imports = ("console.catalog.hashing", "console.quantization.builder", "console.quality.measure")
+app.conf.imports = ("console.catalog.hashing", "console.quantization.builder", "console.quality.measure",
+                    "console.verification.execution")
 
 # The filesystem transport expects its folders to exist, in the sender as in the worker.
 for _key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):

@@ -24,6 +24,7 @@ APP_ORDER: tuple[str, ...] = (
     "playground",   # chat with a deployment through its router
     "alerts",       # alert rules over the metrics, silences, notifiers and the alert dashboard
     "diagnosis",    # the troubleshooting view: eight symptoms from checks, metrics, logs, alerts
+    "verification",  # reports per revision: connectivity, function, performance, stress, logs
     "rollouts",     # revisions of a deployment and the rollouts between them
     "autoscaling",  # pool policies, the autoscaler's decisions; it pauses during a rollout
     "control",      # composition root: the deployment lifecycle, its pages, the supervise daemon

@@ -94,6 +94,7 @@ INSTALLED_APPS = [
     "console.quality",
     "console.alerts",
     "console.diagnosis",
+    "console.verification",
     "console.rollouts",
     "console.autoscaling",
     "console.control",

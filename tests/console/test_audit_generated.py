@@ -95,6 +95,9 @@ CHANGES: dict[tuple[str, str], Change] = {
     ("api/v1/deployments/{pk}/start/", "post"): Change("operator", _none, "deployment.start"),
     ("api/v1/deployments/{pk}/stop/", "post"): Change("operator", _none, "deployment.stop"),
     ("api/v1/deployments/{pk}/gate/", "post"): Change("operator", _none, "gate.run"),
+    ("api/v1/deployments/{pk}/verifications/", "post"): Change(
+        "operator", lambda w: {"budget_s": 60}, "verification.run"),
+    ("deployments/{name}/verify/", "post"): Change("operator", _none, "verification.run"),
     ("deployments/new/", "post"): Change("admin", _plan_form, "deployment.create"),
     ("deployments/{name}/edit/", "post"): Change("admin", _edit_form, "deployment.edit"),
     ("deployments/{name}/start/", "post"): Change("operator", _none, "deployment.start"),
@@ -393,6 +396,8 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("api/v1/team-budgets/{name}/", "patch"): _team_budget,
     ("api/v1/team-budgets/{name}/", "delete"): _team_budget,
     ("api/v1/deployments/{pk}/gate/", "post"): _running,
+    ("api/v1/deployments/{pk}/verifications/", "post"): _running,
+    ("deployments/{name}/verify/", "post"): _running,
     ("deployments/{name}/gate/run/", "post"): _running,
     ("api/v1/deployments/{pk}/", "delete"): _stopped,
     ("api/v1/rollouts/", "post"): _rollout_done,

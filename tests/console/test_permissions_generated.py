@@ -77,6 +77,13 @@ KINDS: dict[str, str] = {
     "api/v1/deployments/{pk}/check/": TEAM,
     "api/v1/deployments/{pk}/doctor/": TEAM,
     "api/v1/deployments/{pk}/gate/": TEAM,
+    "api/v1/deployments/{pk}/verifications/": TEAM,
+    "api/v1/verifications/": TEAM,
+    "api/v1/verifications/{pk}/": TEAM,
+    "api/v1/verifications/{pk}/export.html/": TEAM,
+    "deployments/{name}/verify/": TEAM,
+    "verifications/{pk}/": TEAM,
+    "verifications/{pk}/panel/": TEAM,
     "api/v1/deployments/{pk}/metrics/": TEAM,
     "api/v1/deployments/{pk}/start/": TEAM,
     "api/v1/deployments/{pk}/stop/": TEAM,
@@ -223,6 +230,7 @@ def _value(world: World, resource: str, name: str) -> object:
         "rollouts": world.rollout.pk if world.rollout else None,
         "revisions": world.revision.number if world.revision else None,
         "autoscaling": "decode",
+        "verifications": world.verification.pk if world.verification else None,
         "team-budgets": world.alpha.name,
     }
     if resource not in by_resource:

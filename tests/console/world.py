@@ -29,6 +29,7 @@ from console.quality.models import GateResult, VariantMeasurement
 from console.rollouts import revisions as revision_store
 from console.rollouts.models import Revision, Rollout, RolloutTransition
 from console.supervisor.models import ManagedProcess
+from console.verification.models import VerificationReport
 from tests.console.tiny_models import make_startable, write_model
 from tests.console.tokens import token_for
 
@@ -69,6 +70,7 @@ class World:
     # r1 live, r2 a draft, and a canary rollout from one to the other taking 10%.
     revision: Revision | None = None
     rollout: Rollout | None = None
+    verification: VerificationReport | None = None
 
     def user(self, name: str) -> User:
         return getattr(self, name)
@@ -145,6 +147,12 @@ def _rolling(deployment: Deployment, user: User) -> tuple[Revision, Rollout]:
     return draft, rollout
 
 
+def _verification(deployment: Deployment) -> VerificationReport:
+    return VerificationReport.objects.create(
+        deployment=deployment, trigger=VerificationReport.Trigger.DEMAND, budget_s=60,
+        state=VerificationReport.State.DONE, verdict=VerificationReport.Verdict.PASS)
+
+
 def build_world(tmp_path: Path) -> World:
     model_dir = tmp_path / "model"
     model_dir.mkdir()
@@ -201,4 +209,4 @@ def build_world(tmp_path: Path) -> World:
                  viewer_token_id=viewer_token_id,
                  spare_dir=str(write_model(tmp_path / "models" / "spare")), alert_rule=rule,
                  alert=alert, silence=silence, notifier=notifier, delivery=delivery,
-                 revision=revision, rollout=rollout)
+                 revision=revision, rollout=rollout, verification=_verification(deployment))

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class VerificationConfig(AppConfig):
+    name = "console.verification"
+    label = "verification"
