@@ -274,6 +274,13 @@ PDSERVE_ROUTER_PORT = env_int("PDSERVE_ROUTER_PORT", 8080, 1, 65535)
 # One OpenAI endpoint for every deployment (console/gateway/gateway_process.py); 0 turns it off.
 PDSERVE_GATEWAY_HOST = env_str("PDSERVE_GATEWAY_HOST", "127.0.0.1")
 PDSERVE_GATEWAY_PORT = env_int("PDSERVE_GATEWAY_PORT", 8090, 0, 65535)
+# Gateway processes the supervisor runs, replica i on PDSERVE_GATEWAY_PORT + i, for a load
+# balancer to spread clients over (console/gateway/gateway_process.py).
+PDSERVE_GATEWAY_REPLICAS = env_int("PDSERVE_GATEWAY_REPLICAS", 1, 1, 64)
+if PDSERVE_GATEWAY_PORT and PDSERVE_GATEWAY_PORT + PDSERVE_GATEWAY_REPLICAS - 1 > 65535:
+    raise ImproperlyConfigured(
+        f"PDSERVE_GATEWAY_REPLICAS: {PDSERVE_GATEWAY_REPLICAS} replicas from port "
+        f"{PDSERVE_GATEWAY_PORT} (PDSERVE_GATEWAY_PORT) pass 65535")
 # The gateway's queue per saturated deployment (inference/gateway/flow_control.py): requests
 # that may wait there, and for how long before a 503.
 PDSERVE_GATEWAY_MAX_QUEUE = env_int("PDSERVE_GATEWAY_MAX_QUEUE", 64, 0, 100_000)

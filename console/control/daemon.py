@@ -150,8 +150,9 @@ class Supervisor(ProcessEngine):
                 self._spawn(deployment, spec, fresh_start=fresh_start)
                 did = True
         if not self.is_agent and gateway_process.enabled():
-            running_slots.add((None, gateway_process.SLOT))
-            did = self._keep_gateway() or did
+            for replica in gateway_process.replicas():
+                running_slots.add((None, gateway_process.slot(replica)))
+                did = self._keep_gateway(replica) or did
         for child in list(self.children.values()):
             if child.kind not in ManagedProcess.PLANNED_KINDS:
                 continue  # requested processes stop on their requester's word
@@ -161,17 +162,20 @@ class Supervisor(ProcessEngine):
                     did = True
         return did
 
-    def _keep_gateway(self) -> bool:
-        """Start the gateway when it does not run, with the configuration of this moment in its
-        file; the key sync keeps it current from then on (console/gateway/sync.py)."""
-        if self._child_for(None, gateway_process.SLOT) is not None:
+    def _keep_gateway(self, replica: int) -> bool:
+        """Start a gateway replica when it does not run, with the configuration of this moment
+        in its file; the key sync keeps it current from then on (console/gateway/sync.py). Each
+        replica has a slot of its own, so each is restarted with its own backoff."""
+        slot = gateway_process.slot(replica)
+        if self._child_for(None, slot) is not None:
             return False
-        backoff = self.backoff.get((None, gateway_process.SLOT))
+        backoff = self.backoff.get((None, slot))
         if backoff is not None and time.monotonic() < backoff.retry_at:
             return False
         gateway_process.write_config(gateway_config())
-        spec = ProcessSpec(slot=gateway_process.SLOT, role=gateway_process.ROLE,
-                           port=settings.PDSERVE_GATEWAY_PORT, argv=gateway_process.command(),
+        spec = ProcessSpec(slot=slot, role=gateway_process.ROLE,
+                           port=gateway_process.port(replica),
+                           argv=gateway_process.command(replica),
                            env=gateway_process.environment(), host=gateway_process.host())
         self._spawn(None, spec)
         return True

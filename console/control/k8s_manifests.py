@@ -23,7 +23,9 @@ replaced by a pod's own:
 
 The objects: per role a Deployment (replicas: the plan's instances) and a Service; the router's
 Deployment and Service; a ConfigMap with the plan's chat template, when it has one; a
-PrometheusRule with the deployment's alert rules (console/alerts/prometheus_rules.py).
+PrometheusRule with the deployment's alert rules (console/alerts/prometheus_rules.py). The
+gateway in front of every deployment's router is exported on its own (console/control/
+k8s_gateway.py).
 
 An instance's GPUs are one tensor-parallel group, under the supervisor as in a pod
 (inference.launch.parallel_args: ``--tensor-parallel-size`` is the count of the instance's GPUs).
@@ -369,5 +371,9 @@ def render(deployment: Deployment, target: Target) -> str:
     header += [f"#   - {line}" for line in needs(deployment)]
     header.append("# Host-specific parts of the supervisor's commands (addresses, ports, paths, "
                   "devices) are the pods' own; see console/control/k8s_manifests.py.")
-    return "\n".join(header) + "\n" + yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False,
-                                                    explicit_start=True, width=1_000_000)
+    return "\n".join(header) + "\n" + dump(objects)
+
+
+def dump(objects: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, explicit_start=True,
+                         width=1_000_000)

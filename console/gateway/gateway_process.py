@@ -4,6 +4,11 @@ API (push the configuration, read its version).
 
 It forwards each request to its deployment's own router, so every deployment keeps its
 revisions, colours, degraded mode and prefill/decode pairing exactly as on its own port.
+
+``PDSERVE_GATEWAY_REPLICAS`` processes run, replica ``i`` on ``PDSERVE_GATEWAY_PORT + i`` under
+the slot ``gateway`` (the first: the slot a single gateway always had, so an upgraded supervisor
+adopts it) or ``gateway-<i>``. They share one configuration file: what a replica needs of the
+others is held by the routers behind them (limits, budgets, pinning, usage).
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import ipaddress
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from console.gateway.private_files import write_private
 from console.gateway.router_admin import AdminUnreadable, Push
@@ -41,14 +48,36 @@ def host() -> str:
     return str(ipaddress.ip_address(settings.PDSERVE_GATEWAY_HOST))
 
 
-def url() -> str:
-    """Where the console reaches the gateway (a wildcard bind is reached on loopback)."""
+def replicas() -> range:
+    return range(settings.PDSERVE_GATEWAY_REPLICAS)
+
+
+def slot(replica: int) -> str:
+    return SLOT if replica == 0 else f"{SLOT}-{replica}"
+
+
+def port(replica: int) -> int:
+    # Checked here too: tests and `up` set the port after settings.py checked it.
+    number = settings.PDSERVE_GATEWAY_PORT + replica
+    if not 1 <= number <= 65535:
+        raise ImproperlyConfigured(
+            f"PDSERVE_GATEWAY_PORT / PDSERVE_GATEWAY_REPLICAS: replica {replica} would listen on "
+            f"port {number}, outside 1-65535")
+    return number
+
+
+def url(replica: int = 0) -> str:
+    """Where the console reaches a replica (a wildcard bind is reached on loopback)."""
     address = host()
     if address in ("0.0.0.0", "::"):
         address = "127.0.0.1"
     if ":" in address:
         address = f"[{address}]"
-    return f"http://{address}:{settings.PDSERVE_GATEWAY_PORT}"
+    return f"http://{address}:{port(replica)}"
+
+
+def urls() -> Iterator[str]:
+    return (url(replica) for replica in replicas())
 
 
 def admin_token() -> str:
@@ -61,9 +90,14 @@ def config_path() -> Path:
     return Path(settings.DATA_DIR) / "gateway" / "config.json"
 
 
-def command() -> list[str]:
-    return [sys.executable, "-m", "inference.gateway", "--host", host(), "--port",
-            str(settings.PDSERVE_GATEWAY_PORT), "--config-file", str(config_path())]
+def gateway_argv(python: str, address: str, listen_port: int, config_file: str) -> list[str]:
+    """The gateway's command line; the Kubernetes export gives it a pod's values."""
+    return [python, "-m", "inference.gateway", "--host", address, "--port", str(listen_port),
+            "--config-file", config_file]
+
+
+def command(replica: int = 0) -> list[str]:
+    return gateway_argv(sys.executable, host(), port(replica), str(config_path()))
 
 
 def environment() -> dict[str, str]:
@@ -80,11 +114,11 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {admin_token()}"}
 
 
-def running_version() -> str:
-    """The version of the configuration the gateway serves with (``GET /admin/config``).
+def running_version(replica: int = 0) -> str:
+    """The version of the configuration a replica serves with (``GET /admin/config``).
     Raises ``AdminUnreadable`` when it gives no such answer."""
     try:
-        response = httpx.get(f"{url()}/admin/config", headers=_headers(), timeout=TIMEOUT_S)
+        response = httpx.get(f"{url(replica)}/admin/config", headers=_headers(), timeout=TIMEOUT_S)
     except httpx.HTTPError as exc:
         raise AdminUnreadable(f"GET /admin/config: {type(exc).__name__}: {exc}") from exc
     if response.status_code != 200:
@@ -98,20 +132,26 @@ def running_version() -> str:
     return version
 
 
-def push_config(config: dict[str, Any]) -> Push:
-    """PUT the configuration to the running gateway. One that did not take it is pushed to
-    again by the supervisor's sync, which finds its version behind (console/gateway/sync.py)."""
+def push_config(config: dict[str, Any], replica: int = 0) -> Push:
+    """PUT the configuration to a running replica. One that did not take it is pushed to again
+    by the supervisor's sync, which finds its version behind (console/gateway/sync.py)."""
     try:
-        response = httpx.put(f"{url()}/admin/config", json=config, headers=_headers(),
+        response = httpx.put(f"{url(replica)}/admin/config", json=config, headers=_headers(),
                              timeout=TIMEOUT_S)
     except httpx.ConnectError:
         return Push.NO_ROUTER  # not listening (yet): it reads the file when it starts
     except httpx.HTTPError as exc:
-        log.warning("gateway configuration push failed (%s: %s); the sync pushes again",
-                    type(exc).__name__, exc)
+        log.warning("gateway %s: configuration push failed (%s: %s); the sync pushes again",
+                    slot(replica), type(exc).__name__, exc)
         return Push.FAILED
     if response.status_code != 200:
-        log.warning("gateway refused its configuration: %d %s", response.status_code,
-                    response.text[:300])
+        log.warning("gateway %s refused its configuration: %d %s", slot(replica),
+                    response.status_code, response.text[:300])
         return Push.FAILED
     return Push.SENT
+
+
+def push_config_everywhere(config: dict[str, Any]) -> None:
+    """Every replica, each on its own: one that is down takes the file when it starts."""
+    for replica in replicas():
+        push_config(config, replica)

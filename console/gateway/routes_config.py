@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
 from typing import Any
 
@@ -57,6 +58,16 @@ def max_in_flight(deployment: Deployment, serving: int) -> int:
     return deployment.concurrency * max(1, serving)
 
 
+def replica_share(limit: int, replicas: int) -> int:
+    """One gateway replica's part of a deployment's in-flight limit: the limit divided among
+    the replicas, rounded up, so that together they hold the plan's concurrency (over by less
+    than one request per replica). Each replica counts only its own requests: sharing one
+    counter through Redis would put a round trip on every request's admission and release, and
+    a load balancer in front spreads clients evenly enough that the shares fill together (NGINX
+    splits its limits per worker process for the same reason)."""
+    return math.ceil(limit / replicas)
+
+
 def states(deployments: list[Deployment]) -> dict[str, str]:
     """What the gateway says of each deployment's state, by name (the gateway page's column)."""
     ready = ready_routers()
@@ -77,7 +88,8 @@ def gateway_config() -> dict[str, Any]:
             "state": _state(deployment, router), "team": deployment.team.name,
             # As the deployment's own router decides: open until a key is made for it.
             "require_key": any(in_scope(key, deployment) for key in keys),
-            "max_concurrency": max_in_flight(deployment, serving[deployment.pk]),
+            "max_concurrency": replica_share(max_in_flight(deployment, serving[deployment.pk]),
+                                             settings.PDSERVE_GATEWAY_REPLICAS),
         })
     served = {deployment.served_model_name for deployment in deployments}
     # An alias whose name a deployment took later is left out: the served name wins (the
@@ -95,5 +107,11 @@ def gateway_config() -> dict[str, Any]:
     body = {"deployments": entries, "aliases": aliases, "keys": key_entries,
             "queue": {"max_queue": settings.PDSERVE_GATEWAY_MAX_QUEUE,
                       "timeout_s": settings.PDSERVE_GATEWAY_QUEUE_TIMEOUT_S}}
+    return versioned(body)
+
+
+def versioned(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the version of its content (any ``version`` it had left out)."""
+    body = {key: value for key, value in config.items() if key != "version"}
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
     return {"version": digest, **body}

@@ -175,7 +175,7 @@ def publish_gateway_config() -> None:
         return
     config = gateway_config()
     gateway_process.write_config(config)
-    gateway_process.push_config(config)
+    gateway_process.push_config_everywhere(config)
 
 
 def _budgeted() -> tuple[list[ApiKey], list[TeamBudget]]:

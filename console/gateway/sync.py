@@ -82,22 +82,29 @@ class KeySync:
     def sync_gateway() -> None:
         """The gateway's configuration follows the database: routers becoming ready or going,
         deployments made or deleted, keys and aliases. Its file is kept current for a restart,
-        and a running gateway whose version differs gets the new one."""
+        and each running replica whose version differs gets the new one."""
         if not gateway_process.enabled():
             return
         wanted = gateway_config()
         gateway_process.write_config(wanted)
-        if not ManagedProcess.objects.filter(kind=ManagedProcess.Kind.GATEWAY,
-                                             state=ManagedProcess.State.READY).exists():
-            return  # a starting gateway reads the file
-        try:
-            running = gateway_process.running_version()
-        except AdminUnreadable as exc:
-            log.warning("gateway configuration unreadable (%s); asking again next round", exc)
-            return
-        if running != wanted["version"]:
-            log.info("gateway has configuration %r, not %r: pushing", running, wanted["version"])
-            gateway_process.push_config(wanted)
+        # A starting replica reads the file; only the ready ones are asked.
+        ready = set(ManagedProcess.objects.filter(
+            kind=ManagedProcess.Kind.GATEWAY, state=ManagedProcess.State.READY,
+        ).values_list("slot", flat=True))
+        for replica in gateway_process.replicas():
+            name = gateway_process.slot(replica)
+            if name not in ready:
+                continue
+            try:
+                running = gateway_process.running_version(replica)
+            except AdminUnreadable as exc:
+                log.warning("gateway %s: configuration unreadable (%s); asking again next round",
+                            name, exc)
+                continue
+            if running != wanted["version"]:
+                log.info("gateway %s has configuration %r, not %r: pushing", name, running,
+                         wanted["version"])
+                gateway_process.push_config(wanted, replica)
 
     def start(self) -> None:
         def loop() -> None:

@@ -1,12 +1,13 @@
 """What the gateway's page and API show of each deployment's traffic through the gateway: its
 requests and refusals per second (the collector's latest snapshot), and, read live from the
-gateway, its requests in flight against the limit and who waits in its queue, by band and flow.
+gateway, its requests in flight against the limit and who waits in its queue, by band and flow,
+summed over the gateway's replicas.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from django.utils import timezone
@@ -21,19 +22,54 @@ TIMEOUT_S = 2.0
 FRESH = timedelta(seconds=10)
 
 
-def live_queues() -> dict[str, dict[str, Any]]:
-    """The gateway's queues by deployment name (``GET /admin/queues``); raises AdminUnreadable."""
+class Queue(NamedTuple):
+    deployment: str
+    in_flight: int
+    limit: int
+    waiting: dict[tuple[str, str], int]  # (band, flow) -> requests
+
+
+def replica_queues(replica: int) -> list[Queue]:
+    """One replica's queues (``GET /admin/queues``); raises AdminUnreadable."""
     try:
-        response = httpx.get(f"{gateway_process.url()}/admin/queues", timeout=TIMEOUT_S,
+        response = httpx.get(f"{gateway_process.url(replica)}/admin/queues", timeout=TIMEOUT_S,
                              headers={"Authorization": f"Bearer {gateway_process.admin_token()}"})
     except httpx.HTTPError as exc:
         raise AdminUnreadable(f"GET /admin/queues: {type(exc).__name__}: {exc}") from exc
     if response.status_code != 200:
         raise AdminUnreadable(f"GET /admin/queues: {response.status_code} {response.text[:200]}")
     try:
-        return {entry["deployment"]: entry for entry in response.json()["deployments"]}
+        return [Queue(entry["deployment"], int(entry["in_flight"]), int(entry["limit"]),
+                      {(w["band"], w["flow"]): int(w["requests"]) for w in entry["waiting"]})
+                for entry in response.json()["deployments"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise AdminUnreadable(f"GET /admin/queues: not a queue list ({exc!r})") from exc
+
+
+def live_queues() -> tuple[dict[str, Queue], list[str]]:
+    """Every replica's queues summed by deployment name (each replica holds its share of a
+    deployment's limit, console/gateway/routes_config.py), and the replicas that could not be
+    read, with why."""
+    summed: dict[str, Queue] = {}
+    unreadable: list[str] = []
+    several = len(gateway_process.replicas()) > 1
+    for replica in gateway_process.replicas():
+        try:
+            queues = replica_queues(replica)
+        except AdminUnreadable as exc:
+            unreadable.append(f"{gateway_process.slot(replica)}: {exc}" if several else str(exc))
+            continue
+        for queue in queues:
+            total = summed.get(queue.deployment)
+            if total is None:
+                summed[queue.deployment] = queue
+                continue
+            waiting = dict(total.waiting)
+            for flow, count in queue.waiting.items():
+                waiting[flow] = waiting.get(flow, 0) + count
+            summed[queue.deployment] = Queue(queue.deployment, total.in_flight + queue.in_flight,
+                                             total.limit + queue.limit, waiting)
+    return summed, unreadable
 
 
 def traffic(deployments: list[Deployment]) -> dict[str, Any]:
@@ -41,10 +77,13 @@ def traffic(deployments: list[Deployment]) -> dict[str, Any]:
     if not gateway_process.enabled():
         gateway, queues = "off", {}
     else:
-        try:
-            gateway, queues = "running", live_queues()
-        except AdminUnreadable as exc:
-            gateway, queues = f"unreachable: {exc}", {}
+        queues, unreadable = live_queues()
+        if not unreadable:
+            gateway = "running"
+        elif len(unreadable) == len(gateway_process.replicas()):
+            gateway = f"unreachable: {'; '.join(unreadable)}"
+        else:
+            gateway = f"running; unreachable: {'; '.join(unreadable)}"
     latest: dict[int, dict[str, Any]] = {}
     for deployment_id, data in (MetricSample.objects.filter(
             deployment__in=deployments, resolution=MetricSample.Resolution.SECOND,
@@ -58,8 +97,9 @@ def traffic(deployments: list[Deployment]) -> dict[str, Any]:
         rows.append({
             "deployment": deployment.name, "model": deployment.served_model_name,
             "rps": router.get("gateway_rps"), "shed_ps": router.get("gateway_shed_ps"),
-            "in_flight": queue["in_flight"] if queue else None,
-            "limit": queue["limit"] if queue else None,
-            "waiting": queue["waiting"] if queue else [],
+            "in_flight": queue.in_flight if queue else None,
+            "limit": queue.limit if queue else None,
+            "waiting": [{"band": band, "flow": flow, "requests": count}
+                        for (band, flow), count in sorted(queue.waiting.items())] if queue else [],
         })
     return {"gateway": gateway, "deployments": rows}

@@ -88,6 +88,13 @@ def key_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("keys")
 
 
+def _replicas() -> list[tuple[str, str, ManagedProcess | None]]:
+    """Each replica's slot, address and process row (None until the supervisor starts it)."""
+    rows = {row.slot: row for row in ManagedProcess.objects.filter(kind=ManagedProcess.Kind.GATEWAY)}
+    return [(gateway_process.slot(replica), gateway_process.url(replica),
+             rows.get(gateway_process.slot(replica))) for replica in gateway_process.replicas()]
+
+
 def _render_gateway(request: HttpRequest, form: ModelAliasForm | None = None,
                     status: int = 200) -> HttpResponse:
     teams = _operator_teams(request)
@@ -100,7 +107,7 @@ def _render_gateway(request: HttpRequest, form: ModelAliasForm | None = None,
     return render(request, "gateway/gateway.html", {
         "enabled": gateway_process.enabled(),
         "url": gateway_process.url() if gateway_process.enabled() else "",
-        "process": ManagedProcess.objects.filter(kind=ManagedProcess.Kind.GATEWAY).first(),
+        "replicas": _replicas() if gateway_process.enabled() else [],
         "models": [(d, state_of[d.name]) for d in deployments],
         "aliases": [(alias, alias.name in served) for alias in aliases],
         "form": form or ModelAliasForm(user=request.user, teams=teams),

@@ -71,7 +71,7 @@ class MetricsCollector:
         self._last_failure: dict[tuple[int, str, str], dict[str, str]] = {}
         self._maintained: datetime | None = None
         self._raw_stored: datetime | None = None
-        self._gateway: gateway_scrape.GatewayScrape | None = None
+        self._gateways: dict[str, gateway_scrape.GatewayScrape] = {}  # by replica slot
         self._loop = Periodic("metrics-collector", interval_s, self.collect_once, log,
                               "collecting metrics failed; retrying", self.http.close)
 
@@ -147,22 +147,26 @@ class MetricsCollector:
         return response.text if response.status_code == 200 else None
 
     def _gateway_stats(self) -> dict[str, dict[str, float | None]]:
-        """Per deployment name, what the gateway running on this node says of it; {} when no
-        gateway is ready (it is off, starting, or this is a node agent)."""
-        gateway = (ManagedProcess.objects.filter(kind=ManagedProcess.Kind.GATEWAY,
-                                                 state=ManagedProcess.State.READY)
-                   .exclude(pid__isnull=True).first())
-        text = self._fetch(gateway.url) if gateway is not None else None
-        if gateway is None or gateway.pid is None or text is None:
-            self._gateway = None
-            return {}
-        try:
-            current = gateway_scrape.parse(text, gateway.pid, time.monotonic())
-        except ValueError:
-            log.warning("the gateway served unparsable metrics")
-            return {}
-        previous, self._gateway = self._gateway, current
-        return gateway_scrape.deployment_stats(previous, current)
+        """Per deployment name, what the gateway replicas running on this node say of it,
+        summed; {} when none is ready (off, starting, or this is a node agent)."""
+        replicas = ManagedProcess.objects.filter(
+            kind=ManagedProcess.Kind.GATEWAY, state=ManagedProcess.State.READY,
+        ).exclude(pid__isnull=True)
+        current: dict[str, gateway_scrape.GatewayScrape] = {}
+        stats = []
+        for replica in replicas:
+            text = self._fetch(replica.url)
+            if text is None or replica.pid is None:
+                continue
+            try:
+                scrape = gateway_scrape.parse(text, replica.pid, time.monotonic())
+            except ValueError:
+                log.warning("gateway %s served unparsable metrics", replica.slot)
+                continue
+            current[replica.slot] = scrape
+            stats.append(gateway_scrape.deployment_stats(self._gateways.get(replica.slot), scrape))
+        self._gateways = current
+        return gateway_scrape.summed(stats)
 
     def _stats(self, record_id: int, pid: int, role: str, text: str) -> dict[str, Any]:
         try:

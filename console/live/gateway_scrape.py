@@ -3,7 +3,8 @@ and requests waiting in its queues, for the deployment's snapshot (beside its ro
 
 The gateway is a process of no deployment, so its counters are split here by their
 ``deployment`` label. Rates are deltas between two scrapes of one gateway process: a new pid
-(a restart) starts its counters again.
+(a restart) starts its counters again. With several replicas each is scraped on its own and
+their numbers are added.
 """
 
 from __future__ import annotations
@@ -57,6 +58,22 @@ def deployment_stats(previous: GatewayScrape | None, current: GatewayScrape
             entry["gateway_shed_ps"] = _rate(previous.shed, current.shed, name, elapsed)
         stats[name] = entry
     return stats
+
+
+def summed(replicas: list[dict[str, dict[str, float | None]]]
+           ) -> dict[str, dict[str, float | None]]:
+    """The replicas' stats added per deployment. A rate is the sum of those known: a replica
+    scraped for the first time (just started) adds nothing for one round; None when no replica
+    knows it yet."""
+    out: dict[str, dict[str, float | None]] = {}
+    for stats in replicas:
+        for name, entry in stats.items():
+            total = out.setdefault(name, {"gateway_waiting": 0.0, "gateway_rps": None,
+                                          "gateway_shed_ps": None})
+            for field_name, value in entry.items():
+                if value is not None:
+                    total[field_name] = round((total[field_name] or 0.0) + value, 4)
+    return out
 
 
 def _rate(before: dict[str, float], now: dict[str, float], name: str, elapsed: float) -> float:

@@ -16,6 +16,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
@@ -25,8 +26,11 @@ from console.checks.memory import CPU_RUNTIME_BYTES, estimate
 from console.control.worker_specs import ProcessSpec, process_specs
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import GIB, Gpu, Node
+from console.gateway import gateway_process
 from console.gateway.router_admin import admin_token
+from console.gateway.services import create_key
 from console.supervisor.worker_keys import deployment_worker_key
+from inference.gateway.config import parse_config
 from inference.router.config import build_parser
 from tests.console.sockets import free_port
 from tests.console.tiny_models import CHAT_TEMPLATE, make_plan
@@ -35,7 +39,8 @@ pytestmark = pytest.mark.django_db
 
 KUBERNETES = "1.37.0"
 SCHEMAS = Path(__file__).parent / "k8s_schemas"
-CORE_KINDS = {("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap")}
+CORE_KINDS = {("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
+              ("v1", "Secret")}
 CRD_FILES = {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkerset-v1.json",
              ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-v1.json"}
 MODEL = "/models/tiny/bf16"  # the pod's path of the tiny model: <base>/<variant> on the claim
@@ -384,3 +389,77 @@ def test_a_pool_of_gpu_and_cpu_instances_is_refused(tmp_path: Path) -> None:
     deployment.workers.filter(role="decode", index=1).update(gpu_indices="", cpu_cores="0")
     with pytest.raises(CommandError, match="DEPLOYMENT: the decode pool has GPU and CPU"):
         call_command("export-k8s", deployment.name, stdout=StringIO())
+
+
+# ---- the gateway -----------------------------------------------------------------------------
+
+
+def export_gateway(*args: str) -> tuple[str, list[dict[str, Any]]]:
+    out = StringIO()
+    call_command("export-k8s", "--gateway", *args, stdout=out)
+    documents = [d for d in yaml.safe_load_all(out.getvalue()) if d is not None]
+    for document in documents:
+        validate(document)
+    return out.getvalue(), documents
+
+
+def test_the_gateway_is_replicas_behind_a_service_routing_to_the_routers_services(
+        tmp_path: Path, settings: Any, owner: User) -> None:
+    pd = make_plan(tmp_path, name="pd", concurrency=5)  # one decode instance
+    solo = two_node_gpu_plan(tmp_path)  # two decode instances
+    Deployment.objects.filter(pk=solo.pk).update(concurrency=4, served_model_name="big")
+    key, _secret = create_key(name="k", team=pd.team, deployments=[pd], all_deployments=False,
+                              limits={}, user=owner)
+    settings.PDSERVE_GATEWAY_REPLICAS = 3
+    text, documents = export_gateway("--namespace", "serving", "--image", "reg/pdserve:1")
+    assert [(d["kind"], d["metadata"]["name"]) for d in documents] == [
+        ("Secret", "pdserve-gateway-config"), ("Deployment", "pdserve-gateway"),
+        ("Service", "pdserve-gateway")]
+    assert "Secret pdserve-gateway: admin-token" in text
+
+    # Its configuration: the console's, with the routers' Services and each replica's share of
+    # the plan's in-flight limit (concurrency x instances that generate, divided, rounded up).
+    secret = named(documents, "Secret", "pdserve-gateway-config")
+    with pytest.raises(jsonschema.ValidationError):  # the Secret's schema is checked too
+        validate({**secret, "stringdata": secret["stringData"]})
+    config = parse_config(json.loads(secret["stringData"]["config.json"]))
+    by_name = {d.name: d for d in config.deployments}
+    assert by_name["pd"].router == f"http://pd-router.serving.svc:{pd.router_port}"
+    assert by_name["gpu-pd"].router == f"http://gpu-pd-router.serving.svc:{solo.router_port}"
+    assert (by_name["pd"].max_concurrency, by_name["gpu-pd"].max_concurrency) == (
+        math.ceil(5 / 3), math.ceil(4 * 2 / 3))
+    assert [(k.id, k.hash, k.deployments) for k in config.keys] == [
+        (str(key.pk), key.key_hash, frozenset({"pd"}))]
+
+    workload = named(documents, "Deployment", "pdserve-gateway")
+    assert workload["spec"]["replicas"] == 3
+    template = workload["spec"]["template"]
+    # A newer export's configuration rolls the pods (they read it at start).
+    assert template["metadata"]["annotations"] == {
+        "pdserve.io/gateway-config-version": config.version}
+    gateway = container(workload)
+    assert gateway["image"] == "reg/pdserve:1"
+    settings.PDSERVE_GATEWAY_PORT = 8090
+    assert gateway["command"] == with_values(
+        ["python3", *gateway_process.command()[1:]],
+        {"--host": "0.0.0.0", "--config-file": "/etc/pdserve/gateway/config.json"})
+    assert gateway["env"] == [{"name": "PDSERVE_GATEWAY_ADMIN_TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "pdserve-gateway", "key": "admin-token"}}}]
+    assert gateway_process.admin_token() not in text
+    assert template["spec"]["volumes"] == [
+        {"name": "config", "secret": {"secretName": "pdserve-gateway-config"}}]
+    service = named(documents, "Service", "pdserve-gateway")
+    assert service["spec"]["ports"][0]["port"] == 8090
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+
+    out = tmp_path / "k8s"
+    call_command("export-k8s", "--gateway", "--out", str(out), stdout=StringIO())
+    assert (out / "gateway.yaml").read_text().startswith("# pdserve's gateway for Kubernetes")
+
+
+def test_the_gateway_or_one_deployment_not_both(tmp_path: Path) -> None:
+    deployment = make_plan(tmp_path)
+    for args in ((), (deployment.name, "--gateway")):
+        with pytest.raises(CommandError, match="DEPLOYMENT: name one deployment, or give "
+                                                "--gateway instead"):
+            call_command("export-k8s", *args, stdout=StringIO())

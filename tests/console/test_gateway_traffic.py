@@ -21,6 +21,7 @@ from console.accounts.models import Team
 from console.deployments.models import Deployment
 from console.gateway import gateway_process
 from console.live.models import MetricSample
+from console.supervisor.models import ManagedProcess
 from tests.console.passwords import OWNER_PASSWORD
 from tests.json_handler import JsonHandler
 
@@ -39,8 +40,8 @@ class _QueuesHandler(JsonHandler):
 
 
 class GatewayStub(ThreadingHTTPServer):
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _QueuesHandler)
+    def __init__(self, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _QueuesHandler)
         self.queues: dict[str, Any] = {"deployments": []}
         self.authorizations: list[str] = []
 
@@ -105,3 +106,65 @@ def test_the_gateway_page_has_the_live_table(owner: User, deployment: Deployment
     assert client.login(username="owner", password=OWNER_PASSWORD)
     page = client.get("/gateway/").content.decode()
     assert 'data-api="/api/v1/gateway/traffic"' in page and "gateway/traffic.js" in page
+
+
+@pytest.fixture
+def two_replicas(settings: Any) -> Iterator[tuple[GatewayStub, GatewayStub]]:
+    """Two stand-ins on consecutive ports, as PDSERVE_GATEWAY_REPLICAS=2 places replicas."""
+    while True:
+        first = GatewayStub()
+        try:
+            second = GatewayStub(first.server_address[1] + 1)
+        except OSError:
+            first.server_close()
+            continue
+        break
+    for stub in (first, second):
+        threading.Thread(target=stub.serve_forever, daemon=True).start()
+    settings.PDSERVE_GATEWAY_PORT = first.server_address[1]
+    settings.PDSERVE_GATEWAY_REPLICAS = 2
+    yield first, second
+    for stub in (first, second):
+        stub.shutdown()
+        stub.server_close()
+
+
+def test_every_replicas_queues_are_summed(
+        api: APIClient, deployment: Deployment,
+        two_replicas: tuple[GatewayStub, GatewayStub]) -> None:
+    first, second = two_replicas
+    first.queues = {"deployments": [
+        {"deployment": deployment.name, "in_flight": 3, "limit": 3,
+         "waiting": [{"band": "low", "flow": "batch", "requests": 2}]}]}
+    second.queues = {"deployments": [
+        {"deployment": deployment.name, "in_flight": 1, "limit": 3,
+         "waiting": [{"band": "high", "flow": "web", "requests": 1},
+                     {"band": "low", "flow": "batch", "requests": 4}]}]}
+    [row] = api.get(URL).json()["deployments"]
+    assert (row["in_flight"], row["limit"], row["waiting"]) == (4, 6, [
+        {"band": "high", "flow": "web", "requests": 1},
+        {"band": "low", "flow": "batch", "requests": 6}])
+    assert api.get(URL).json()["gateway"] == "running"
+
+    # One replica down: the other's numbers, and which one could not be read.
+    second.queues = {"unexpected": True}
+    body = api.get(URL).json()
+    assert body["gateway"].startswith("running; unreachable: gateway-1: GET /admin/queues: "
+                                      "not a queue list")
+    assert (body["deployments"][0]["in_flight"], body["deployments"][0]["limit"]) == (3, 3)
+    first.queues = {"unexpected": True}
+    assert api.get(URL).json()["gateway"].startswith("unreachable: gateway: GET /admin/queues")
+
+
+def test_the_page_lists_each_replica(owner: User, deployment: Deployment,
+                                     two_replicas: tuple[GatewayStub, GatewayStub]) -> None:
+    first, _second = two_replicas
+    ManagedProcess.objects.create(kind=ManagedProcess.Kind.GATEWAY, slot="gateway",
+                                  role="gateway", port=first.server_address[1],
+                                  state=ManagedProcess.State.READY, restarts=2)
+    client = Client()
+    assert client.login(username="owner", password=OWNER_PASSWORD)
+    page = client.get("/gateway/").content.decode()
+    assert 'id="gateway-state-gateway">ready<' in page
+    assert 'id="gateway-state-gateway-1">not started' in page
+    assert f"http://127.0.0.1:{first.server_address[1] + 1}" in page

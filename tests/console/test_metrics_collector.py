@@ -381,3 +381,22 @@ def test_the_gateways_refusals_of_a_deployment_join_its_routers_numbers_and_feed
     finally:
         server.kill()
         server.wait()
+
+
+def test_the_gateway_replicas_numbers_are_added() -> None:
+    from console.live import gateway_scrape
+
+    def stats(pid: int, before: str | None, now: str) -> dict[str, dict[str, float | None]]:
+        previous = gateway_scrape.parse(before, pid, 0.0) if before is not None else None
+        return gateway_scrape.deployment_stats(previous, gateway_scrape.parse(now, pid, 2.0))
+
+    first = stats(1, gateway_text("d", answered=10, shed=0, waiting=0),
+                  gateway_text("d", answered=30, shed=4, waiting=2))
+    second = stats(2, gateway_text("d", answered=0, shed=0, waiting=0),
+                   gateway_text("d", answered=10, shed=2, waiting=3))
+    just_started = stats(3, None, gateway_text("d", answered=5, shed=0, waiting=1))
+    assert gateway_scrape.summed([first, second, just_started])["d"] == {
+        "gateway_waiting": 6, "gateway_rps": 15.0, "gateway_shed_ps": 3.0}
+    # Rates no replica knows yet stay unknown.
+    assert gateway_scrape.summed([just_started])["d"] == {
+        "gateway_waiting": 1, "gateway_rps": None, "gateway_shed_ps": None}

@@ -234,13 +234,15 @@ class DeploymentTrafficSerializer(serializers.Serializer):
     shed_ps = serializers.FloatField(allow_null=True, help_text="requests the gateway's queue "
                                      "refused per second (shed, or timed out waiting)")
     in_flight = serializers.IntegerField(allow_null=True, help_text="requests the gateway has "
-                                         "in flight to it; null when it has no queue")
+                                         "in flight to it, over every replica read; null when "
+                                         "it has no queue")
     limit = serializers.IntegerField(allow_null=True, help_text="requests in flight past which "
                                      "the gateway queues (the plan's concurrency times the "
-                                     "ready workers that generate)")
+                                     "ready workers that generate), the replicas' shares added")
     waiting = QueueWaitingSerializer(many=True)
 
 
 class GatewayTrafficSerializer(serializers.Serializer):
-    gateway = serializers.CharField(help_text="running, off, or unreachable: <why>")
+    gateway = serializers.CharField(help_text="running, off, unreachable: <why> (no replica "
+                                    "answered), or running; unreachable: <replica>: <why>")
     deployments = DeploymentTrafficSerializer(many=True)

@@ -1,8 +1,10 @@
-"""``manage.py export-k8s DEPLOYMENT``: the deployment's plan as Kubernetes manifests.
+"""``manage.py export-k8s DEPLOYMENT``: the deployment's plan as Kubernetes manifests;
+``manage.py export-k8s --gateway``: the gateway in front of every deployment's router.
 
-Prints one multi-document YAML file, or writes it to ``DIR/<deployment>.yaml`` with ``--out``.
-What the objects hold, and what the user provides beside them, is console/control/
-k8s_manifests.py's to say; the file's header lists the latter.
+Prints one multi-document YAML file, or writes it to ``DIR/<deployment>.yaml`` (``DIR/
+gateway.yaml``) with ``--out``. What the objects hold, and what the user provides beside them,
+is console/control/k8s_manifests.py's (k8s_gateway.py's) to say; the file's header lists the
+latter.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from console.control import k8s_manifests, k8s_objects
+from console.control import k8s_gateway, k8s_manifests, k8s_objects
 from console.deployments.models import Deployment
 
 # A namespace is a DNS label (RFC 1123).
@@ -37,7 +39,12 @@ class Command(BaseCommand):
     help = "Write a deployment's plan as Kubernetes manifests (multi-document YAML)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("deployment", metavar="DEPLOYMENT", help="the deployment's name")
+        parser.add_argument("deployment", metavar="DEPLOYMENT", nargs="?",
+                            help="the deployment's name")
+        parser.add_argument("--gateway", action="store_true",
+                            help="instead of a deployment: the gateway, PDSERVE_GATEWAY_REPLICAS "
+                                 "pods behind one Service, routing to every deployment's router "
+                                 "Service")
         parser.add_argument("--out", type=Path, metavar="DIR",
                             help="write DIR/<deployment>.yaml (DIR is made when missing); "
                                  "default: print to stdout")
@@ -59,17 +66,23 @@ class Command(BaseCommand):
                                "digit, at most 63 characters")
         if not IMAGE.fullmatch(options["image"]):
             raise CommandError(f"--image: {options['image']!r} is not an image reference")
-        deployment = Deployment.objects.filter(name=options["deployment"]).first()
-        if deployment is None:
-            known = ", ".join(Deployment.objects.values_list("name", flat=True)) or "none"
-            raise CommandError(f"DEPLOYMENT: no deployment is named {options['deployment']!r} "
-                               f"(there are: {known})")
+        if options["gateway"] == (options["deployment"] is not None):
+            raise CommandError("DEPLOYMENT: name one deployment, or give --gateway instead")
         target = k8s_objects.Target(namespace=namespace, image=options["image"],
                                       gpus_per_node=options["gpus_per_node"])
-        try:
-            text = k8s_manifests.render(deployment, target)
-        except k8s_objects.ExportError as error:
-            raise CommandError(str(error)) from error
+        if options["gateway"]:
+            file_name, text = "gateway.yaml", k8s_gateway.render(target)
+        else:
+            deployment = Deployment.objects.filter(name=options["deployment"]).first()
+            if deployment is None:
+                known = ", ".join(Deployment.objects.values_list("name", flat=True)) or "none"
+                raise CommandError(f"DEPLOYMENT: no deployment is named "
+                                   f"{options['deployment']!r} (there are: {known})")
+            try:
+                text = k8s_manifests.render(deployment, target)
+            except k8s_objects.ExportError as error:
+                raise CommandError(str(error)) from error
+            file_name = f"{deployment.name}.yaml"
         out: Path | None = options["out"]
         if out is None:
             self.stdout.write(text, ending="")
@@ -77,6 +90,6 @@ class Command(BaseCommand):
         if out.exists() and not out.is_dir():
             raise CommandError(f"--out: {out} is not a directory")
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{deployment.name}.yaml"
+        path = out / file_name
         path.write_text(text, encoding="utf-8")
         self.stdout.write(f"wrote {path}")

@@ -161,7 +161,8 @@ class Command(BaseCommand):
             f"\npdserve: deployment {deployment.name} is ready after {elapsed:.0f} s\n"
             f"  console: http://{host}:{port}/\n"
             f"  router:  {deployment.router_url}/v1  (OpenAI-compatible)\n"
-            + (f"  gateway: {gateway_process.url()}/v1  (every deployment by its model name)\n"
+            + (f"  gateway: {', '.join(f'{url}/v1' for url in gateway_process.urls())}  "
+               "(every deployment by its model name)\n"
                if gateway_process.enabled() else "") +
             f"  try:     curl {deployment.router_url}/v1/chat/completions{auth} "
             f"-H 'Content-Type: application/json' -d '{{\"model\":\"{deployment.served_model_name}\","
