@@ -132,7 +132,7 @@ def check_pairs(subject: Subject, section: Section, client: httpx.Client, report
             response = client.post(
                 f"{subject.router_url}/v1/completions",
                 headers={**bearer(subject.api_key), "X-Request-Id": f"{prefix}{n}"},
-                json={"model": subject.model, "prompt": f"Hand-off check {n}: the sky is",
+                json={"model": subject.model, "prompt": _handoff_prompt(n, subject.max_model_len),
                       "max_tokens": 4, "temperature": 0})
             if response.status_code != 200:
                 failures.append(f"{prefix}{n}: HTTP {response.status_code} {response.text[:200]}")
@@ -164,6 +164,14 @@ def check_pairs(subject: Subject, section: Section, client: httpx.Client, report
     else:
         section.add("every pair served", PASS, f"all {len(pairs)} prefill/decode pairs served "
                     "a request", **evidence)
+
+
+def _handoff_prompt(n: int, max_model_len: int) -> str:
+    """A prompt of several KV blocks: the router lets decode compute a prompt of one block or
+    less itself (no whole block to hand over), which would pass no pair at all. About 10
+    tokens a line, up to 512 tokens or a quarter of the context."""
+    lines = max(2, min(512, max_model_len // 4) // 10)
+    return " ".join(f"Hand-off check {n}, line {i}: the sky is blue." for i in range(lines))
 
 
 def _timelines(subject: Subject, prefix: str, count: int) -> list[dict[str, Any]]:
