@@ -7,8 +7,10 @@ would already hold a worker's KV cache and could no longer be reordered (llm-d's
 makes the same choice). When a slot frees, the next request is taken
 
 - from the highest priority band that has one waiting (``BANDS``, highest first);
-- inside a band, from the next fairness flow in turn (round robin: a team that sends ten times
-  as many requests as another gets the same share while both wait);
+- inside a band, from the fairness flow served least (start-time fair queueing: a team that
+  sends ten times as many requests as another gets the same share while both wait, and a flow
+  whose queue ran empty for a moment takes its turn back rather than waiting behind the others,
+  as plain round robin would make it);
 - inside a flow, first come first served.
 
 The queue of a deployment is bounded (``max_queue``). A request that arrives at a full queue
@@ -39,6 +41,8 @@ DEFAULT_BAND = "normal"
 BAND_RANK = {band: rank for rank, band in enumerate(BANDS)}
 DEFAULT_MAX_QUEUE = 64
 DEFAULT_QUEUE_TIMEOUT_S = 60.0
+# Flows whose dispatch counts are kept beyond those waiting (a header may name many).
+MAX_REMEMBERED_FLOWS = 1024
 # How quickly the estimate of a request's time in flight follows new requests (Retry-After).
 EWMA_WEIGHT = 0.2
 
@@ -86,6 +90,10 @@ class DeploymentQueue:
         # flow served goes to the end while it still has requests waiting.
         self._bands: list[OrderedDict[str, deque[_Ticket]]] = [OrderedDict() for _ in BANDS]
         self._waiting = 0
+        # Start-time fair queueing over flows: requests dispatched per flow, and the count of
+        # the flow served last (the queue's virtual time).
+        self._served: dict[str, int] = {}
+        self._virtual = 0
         self._held_s = 1.0  # EWMA of a request's time in flight, for Retry-After
 
     # ---- the request's side ---------------------------------------------------------
@@ -99,7 +107,10 @@ class DeploymentQueue:
             self._make_room(rank, flow)
         loop = asyncio.get_running_loop()
         ticket = _Ticket(rank, flow, loop.create_future(), self._clock())
-        self._bands[rank].setdefault(flow, deque()).append(ticket)
+        flows = self._bands[rank]
+        if flow not in flows:
+            self._activate(flow)
+        flows.setdefault(flow, deque()).append(ticket)
         self._waiting += 1
         # A timer rather than asyncio.wait_for: on Python 3.11, wait_for swallows a
         # cancellation that comes in the same step as the result.
@@ -151,15 +162,28 @@ class DeploymentQueue:
     def _next(self) -> _Ticket:
         for flows in self._bands:
             if flows:
-                flow, tickets = next(iter(flows.items()))
+                # The flow served least so far; on a tie, the one whose request came first.
+                flow = min(flows, key=lambda name: (self._served.get(name, 0),
+                                                    flows[name][0].queued_at))
+                tickets = flows[flow]
                 ticket = tickets.popleft()
-                if tickets:
-                    flows.move_to_end(flow)
-                else:
+                if not tickets:
                     del flows[flow]
+                self._virtual = self._served.get(flow, 0)
+                self._served[flow] = self._virtual + 1
                 self._waiting -= 1
                 return ticket
         raise AssertionError("_next called with nothing waiting")
+
+    def _activate(self, flow: str) -> None:
+        """A flow that starts waiting again takes its turn from now on: it keeps no credit for
+        the time it had nothing waiting (else it could take every slot for a while), and loses
+        none either (plain round robin would put it behind every flow served meanwhile)."""
+        self._served[flow] = max(self._served.get(flow, 0), self._virtual)
+        if len(self._served) > MAX_REMEMBERED_FLOWS:
+            waiting = {name for flows in self._bands for name in flows}
+            self._served = {name: count for name, count in self._served.items()
+                            if name in waiting or count > self._virtual}
 
     def _make_room(self, rank: int, flow: str) -> None:
         """Shed one request to make room for one of band ``rank`` and ``flow``.

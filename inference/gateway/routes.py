@@ -55,6 +55,8 @@ class RouteTable:
         self.checks_keys = config.require_key or len(self.open) < len(config.deployments)
         self.keys: dict[str, tuple[Key, frozenset[str]]] = {
             key.prefix: (key, key.deployments | self.open) for key in config.keys}
+        # Keys matter to the gateway's queues only where a deployment has one.
+        self.prioritizes = bool(config.keys) and any(d.max_concurrency for d in config.deployments)
 
     def scope(self, authorization: str) -> frozenset[str] | None:
         """The names of the deployments the caller may use; None: every one (all are open,
@@ -68,7 +70,10 @@ class RouteTable:
         checked. Raises AuthFailure."""
         # hot path: runs once per request
         if not self.checks_keys:
-            return None, None
+            # Every deployment is open: nothing is refused, but a valid key still brings its
+            # priority band and team (flow_control.py); any other Authorization is ignored, as
+            # the open deployments' routers ignore it.
+            return None, self._known(authorization) if self.prioritizes else None
         if not authorization:
             if self.config.require_key:
                 raise AuthFailure("missing", "missing API key (send 'Authorization: Bearer <key>')")
@@ -82,6 +87,16 @@ class RouteTable:
         if key.state == "revoked":
             raise AuthFailure("revoked", f"API key {KEY_PREFIX}{key.prefix}... has been revoked")
         return scope, key
+
+    def _known(self, authorization: str) -> Key | None:
+        """The active key ``authorization`` carries, or None (none, unknown, wrong or revoked)."""
+        token = authorization[7:] if authorization[:7].lower() == "bearer " else ""
+        prefix = public_prefix(token)
+        entry = self.keys.get(prefix) if prefix else None
+        if entry is None or entry[0].state == "revoked" or not hmac.compare_digest(
+                key_hash(token), entry[0].hash):
+            return None
+        return entry[0]
 
     def targets(self, model: str, scope: frozenset[str] | None) -> tuple[Route, tuple[Deployment, ...]]:
         """The model's route and the targets of it the caller may use, in order; raises the 404

@@ -322,3 +322,33 @@ def test_a_bad_queue_setting_is_refused_naming_its_field(change: dict[str, Any],
     with pytest.raises(RequestError) as error:
         parse_config(config)
     assert error.value.status == 400 and error.value.param == param
+
+
+async def test_with_every_deployment_open_a_valid_key_still_brings_its_band_and_others_pass(
+        start_gateway: StartGateway, make_router: MakeRouter) -> None:
+    router = await make_router("d")
+    router.gate = asyncio.Event()
+    key = new_key()
+    # The key opens no deployment of its own: "d" stays open, as its router is.
+    config = configuration({**deployment("d", router.url), "max_concurrency": 1},
+                           keys=({**key_entry(key, 1, []), "team": "web", "priority": "high"},))
+    running = await start_gateway(config)
+    client = running.client
+
+    def post(name: str, headers: dict[str, str]) -> asyncio.Task[Any]:
+        return asyncio.create_task(client.post("/v1/completions", headers=headers, json={
+            "model": "model-d", "prompt": name, "stream": True}))
+
+    holder = post("holder", {})
+    await wait_until(lambda: len(router.requests) == 1)
+    waiting = [post("anonymous", {}), post("wrong-key", bearer(new_key())),
+               post("keyed", bearer(key))]
+    await wait_until(lambda: running.gateway.flows.queues["d"].stats().waiting == {
+        ("normal", "anonymous"): 2, ("high", "web"): 1})
+    router.gate.set()
+    answers = [await task for task in (holder, *waiting)]
+    assert [a.status for a in answers] == [200, 200, 200, 200]
+    for answer in answers:
+        await answer.read()
+    assert [seen.body["prompt"] for seen in router.requests] == [
+        "holder", "keyed", "anonymous", "wrong-key"]
