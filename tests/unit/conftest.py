@@ -19,11 +19,13 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import redis.asyncio as redis  # the tests' own view of Redis, independent of the router's client
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.router.config import RouterConfig
+from inference.router.keys import new_key, public_prefix
 from inference.router.prompts import PromptChecker
 from inference.router.server import Router
 from tests.unit.gateway_stubs import make_router, start_gateway  # noqa: F401 - the gateway tests' fixtures
@@ -453,3 +455,24 @@ async def start_router(make_checker: Callable[..., PromptChecker], tokenizer_dir
     yield start
     for client in running:
         await client.close()
+
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture(params=["memory", "redis"])
+def redis_url(request: pytest.FixtureRequest) -> str | None:
+    """The limit store of a rate-limit or budget test: the router's own memory, or Redis."""
+    return REDIS_URL if request.param == "redis" else None
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def fresh_key() -> AsyncIterator[str]:
+    """A key whose counters start empty; its Redis counters are deleted afterwards."""
+    key = new_key()
+    yield key
+    client = redis.Redis.from_url(REDIS_URL)
+    names = [name async for name in client.scan_iter(f"pdserve:rl:{{{public_prefix(key)}}}*")]
+    if names:
+        await client.delete(*names)
+    await client.aclose()

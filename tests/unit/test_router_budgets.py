@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import calendar
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-import redis.asyncio as redis  # the test's own view of Redis, independent of the router's client
 
 from inference.router.budgets import BudgetMeter, periods
 from inference.router.keys import KeySet, key_hash, new_key, parse_key_set, public_prefix
 from inference.router.prompts import RequestError
 from inference.router.ratelimit import MemoryStore, RedisStore, Scope
-from tests.unit.conftest import RunningRouter, StubVLLM
+from tests.unit.conftest import REDIS_URL, RunningRouter, StubVLLM
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
 MakeStub = Callable[[str], Awaitable[StubVLLM]]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 ADMIN = "admin-token"
 BODY = {"prompt": "hello world the quick brown fox", "max_tokens": 4}
 REFUSALS = "pdserve_router_budget_refusals_total"
@@ -34,21 +31,9 @@ NEW_YEAR_EVE = float(calendar.timegm((2026, 12, 31, 23, 59, 0)))
 NEW_YEAR = float(calendar.timegm((2027, 1, 1, 0, 0, 1)))
 
 
-@pytest.fixture(params=["memory", "redis"])
-def redis_url(request: pytest.FixtureRequest) -> str | None:
-    return REDIS_URL if request.param == "redis" else None
-
-
-@pytest_asyncio.fixture(loop_scope="function")
-async def key() -> AsyncIterator[str]:
-    """A key whose counters start empty; its Redis counters are deleted afterwards."""
-    secret = new_key()
-    yield secret
-    client = redis.Redis.from_url(REDIS_URL)
-    names = [name async for name in client.scan_iter(f"pdserve:rl:{{{public_prefix(secret)}}}*")]
-    if names:
-        await client.delete(*names)
-    await client.aclose()
+@pytest.fixture
+def key(fresh_key: str) -> str:
+    return fresh_key
 
 
 def entry(secret: str, key_id: int, **fields: Any) -> dict[str, Any]:

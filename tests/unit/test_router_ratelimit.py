@@ -7,46 +7,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-import redis.asyncio as redis  # the test's own view of Redis, independent of the router's client
 
-from inference.router.keys import LIMIT_NAMES, key_hash, new_key, public_prefix
+from inference.router.keys import LIMIT_NAMES, key_hash, public_prefix
 from inference.router.ratelimit import REDIS_TIMEOUT_S, MemoryStore, wait_seconds
 from inference.router.redis_client import RedisReplyError, encode, parse, parse_url
-from tests.unit.conftest import MODEL, RunningRouter, StubVLLM
+from tests.unit.conftest import MODEL, REDIS_URL, RunningRouter, StubVLLM
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
 MakeStub = Callable[[str], Awaitable[StubVLLM]]
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 PROMPT = "hello world the quick brown fox"  # 6 tokens with the test tokenizer
 RATE_LIMITED = "pdserve_router_rate_limited_total"
 
 
 def completion(max_tokens: int = 4, stream: bool = False, prompt: str = PROMPT) -> dict[str, Any]:
     return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
-
-
-@pytest.fixture(params=["memory", "redis"])
-def redis_url(request: pytest.FixtureRequest) -> str | None:
-    return REDIS_URL if request.param == "redis" else None
-
-
-@pytest_asyncio.fixture(loop_scope="function")
-async def fresh_key() -> AsyncIterator[str]:
-    """A key whose counters start empty; its Redis counters are deleted afterwards."""
-    key = new_key()
-    yield key
-    client = redis.Redis.from_url(REDIS_URL)
-    names = [name async for name in client.scan_iter(f"pdserve:rl:{{{public_prefix(key)}}}*")]
-    if names:
-        await client.delete(*names)
-    await client.aclose()
 
 
 async def limited_router(start_router: StartRouter, worker: StubVLLM, tmp_path: Path, key: str,
