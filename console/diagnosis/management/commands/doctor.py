@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from console.deployments.models import Deployment
+from console.deployments.command_args import named_deployment
 from console.diagnosis import services
 
 MARKS = {"present": "PRESENT", "suspected": "suspected", "not_seen": "not seen"}
@@ -22,7 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the API's JSON instead")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        deployment = _deployment(options["deployment"])
+        deployment = named_deployment(options["deployment"])
         report = services.report(deployment)
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2))
@@ -31,15 +31,6 @@ class Command(BaseCommand):
         present = [s["id"] for s in report["symptoms"] if s["state"] == "present"]
         if present:
             raise CommandError(f"{deployment.name}: present: {', '.join(present)}", returncode=1)
-
-
-def _deployment(value: str) -> Deployment:
-    found = Deployment.objects.filter(name=value).first()
-    if found is None and value.isdigit():
-        found = Deployment.objects.filter(pk=int(value)).first()
-    if found is None:
-        raise CommandError(f"DEPLOYMENT: no deployment {value!r}")
-    return found
 
 
 def render(report: dict[str, Any]) -> list[str]:

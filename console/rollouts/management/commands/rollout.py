@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from console.audit.actors import acting_as
+from console.deployments.command_args import named_deployment
 from console.deployments.models import Deployment
 from console.rollouts import services
 from console.rollouts.api.serializers import RolloutSerializer
@@ -19,15 +20,6 @@ from console.rollouts.models import Rollout
 MOVES = ("pause", "resume", "promote", "rollback")
 FLAGS = {"revision": "--revision", "strategy": "--strategy", "steps": "--steps",
          "analysis": "--analysis", "start_timeout_s": "--start-timeout-s"}
-
-
-def _deployment(value: str) -> Deployment:
-    found = Deployment.objects.filter(name=value).first()
-    if found is None and value.isdigit():
-        found = Deployment.objects.filter(pk=int(value)).first()
-    if found is None:
-        raise CommandError(f"DEPLOYMENT: no deployment {value!r}")
-    return found
 
 
 def _rollout(value: int) -> Rollout:
@@ -84,7 +76,7 @@ class Command(BaseCommand):
         command = options["subcommand"]
         with acting_as("command", f"rollout {command}"):
             if command == "list":
-                self._list(_deployment(options["deployment"]))
+                self._list(named_deployment(options["deployment"]))
             elif command == "start":
                 self._start(options)
             elif command == "status":
@@ -92,7 +84,7 @@ class Command(BaseCommand):
             elif command in MOVES:
                 self._move(command, _rollout(options["rollout"]))
             else:
-                self._rollback_deployment(_deployment(options["deployment"]))
+                self._rollbacknamed_deployment(named_deployment(options["deployment"]))
 
     def _list(self, deployment: Deployment) -> None:
         for rollout in deployment.rollouts.select_related("from_revision", "to_revision"):
@@ -105,7 +97,7 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps(RolloutSerializer(rollout).data, indent=2, default=str))
 
     def _start(self, options: dict[str, Any]) -> None:
-        deployment = _deployment(options["deployment"])
+        deployment = named_deployment(options["deployment"])
         revision = deployment.revisions.filter(number=options["revision"]).first()
         if revision is None:
             raise CommandError(f"--revision: {deployment.name} has no revision "
@@ -136,7 +128,7 @@ class Command(BaseCommand):
             raise CommandError(f"ROLLOUT_ID: {exc}") from exc
         self.stdout.write(f"rollout #{moved.pk}: {moved.state}")
 
-    def _rollback_deployment(self, deployment: Deployment) -> None:
+    def _rollbacknamed_deployment(self, deployment: Deployment) -> None:
         try:
             rollout = services.rollback_to_previous(deployment, None)
         except services.RolloutRefused as exc:
