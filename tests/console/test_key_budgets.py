@@ -157,11 +157,16 @@ def test_a_team_admin_sets_reads_and_removes_a_team_budget(
     client = APIClient()
     client.force_authenticate(admin)
     url = f"{TEAMS_URL}{team.name}/"
-    assert client.get(url).json()["budget_tokens"] is None
+    # A team without a budget: every budget field null (the schema says so too).
+    assert client.get(url).json() == {"team": team.name, "budget_tokens": None,
+                                      "budget_period": None, "budget_spent": None,
+                                      "budget_renews_at": None}
 
     bad = client.put(url, {"budget_tokens": 0}, format="json")
     assert bad.status_code == 400 and list(bad.json()) == ["budget_tokens"]
     bad = client.put(url, {"budget_tokens": 9, "budget_period": "year"}, format="json")
+    assert bad.status_code == 400 and list(bad.json()) == ["budget_period"]
+    bad = client.put(url, {"budget_tokens": 9, "budget_period": None}, format="json")
     assert bad.status_code == 400 and list(bad.json()) == ["budget_period"]
     bad = client.patch(url, {"budget_period": "day"}, format="json")
     assert bad.status_code == 400 and list(bad.json()) == ["budget_tokens"]

@@ -112,8 +112,10 @@ class TeamBudgetSerializer(serializers.Serializer):
     budget_tokens = serializers.IntegerField(
         min_value=BUDGET_VALIDATORS[0].limit_value, max_value=BUDGET_VALIDATORS[1].limit_value,
         allow_null=True, help_text="prompt + completion tokens per period; null: no budget")
+    # Null in a team without a budget, as the other fields are; never taken as input.
     budget_period = serializers.ChoiceField(choices=BudgetPeriod.choices,
-                                            default=BudgetPeriod.MONTH)
+                                            default=BudgetPeriod.MONTH, allow_null=True,
+                                            help_text="day or month; null: no budget")
     budget_spent = serializers.IntegerField(
         read_only=True, allow_null=True,
         help_text="tokens the team's keys used in the current period, over every deployment, as "
@@ -135,6 +137,11 @@ class TeamBudgetSerializer(serializers.Serializer):
         if tokens is None:
             raise serializers.ValidationError("give a number of tokens; DELETE removes a budget")
         return tokens
+
+    def validate_budget_period(self, period: str | None) -> str:
+        if period is None:
+            raise serializers.ValidationError("give day or month; DELETE removes a budget")
+        return period
 
 
 class ModelAliasSerializer(serializers.ModelSerializer):
