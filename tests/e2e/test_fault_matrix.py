@@ -563,6 +563,18 @@ def test_redis_down_while_redis_url_is_set(borrowed: Handle, tmp_path: Path) -> 
                     f"was back"))
 
 
+def _unmount(path: Path, timeout_s: float = 10) -> None:
+    """Unmount ``path``, trying again while it is busy: the prefill worker may hold a file open
+    there in the middle of a save (seen once: "target is busy" ended the test mid-load)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = subprocess.run(["umount", str(path)], capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            return
+        assert time.monotonic() < deadline, f"umount {path}: {done.stderr.strip()}"
+        time.sleep(0.1)
+
+
 def test_the_kv_directory_full(borrowed: Handle, tmp_path: Path) -> None:
     """Shared-storage KV that cannot be saved: decode computes the prompt itself, no request
     fails, and the prefill worker's log names the cause."""
@@ -583,7 +595,7 @@ def test_the_kv_directory_full(borrowed: Handle, tmp_path: Path) -> None:
             detection = _wait(lambda: prefill_log.read_text(errors="replace").count(
                 "KV not saved") > logged_before, "a log line about the failed save", 30)
             load.wait_for(12)
-            subprocess.run(["umount", str(kv_dir)], check=True)
+            _unmount(kv_dir)
             freed = time.monotonic()
             back = _wait(lambda: any((kv_dir / entry).joinpath("complete").is_file()
                                      for entry in os.listdir(kv_dir)),
