@@ -78,10 +78,8 @@ class RouteTable:
             if self.config.require_key:
                 raise AuthFailure("missing", "missing API key (send 'Authorization: Bearer <key>')")
             return self.open, None
-        token = authorization[7:] if authorization[:7].lower() == "bearer " else ""
-        prefix = public_prefix(token)
-        entry = self.keys.get(prefix) if prefix else None
-        if entry is None or not hmac.compare_digest(key_hash(token), entry[0].hash):
+        entry = self._entry(authorization)
+        if entry is None:
             raise AuthFailure("invalid", "invalid API key")
         key, scope = entry
         if key.state == "revoked":
@@ -90,13 +88,18 @@ class RouteTable:
 
     def _known(self, authorization: str) -> Key | None:
         """The active key ``authorization`` carries, or None (none, unknown, wrong or revoked)."""
+        entry = self._entry(authorization)
+        return entry[0] if entry is not None and entry[0].state != "revoked" else None
+
+    def _entry(self, authorization: str) -> tuple[Key, frozenset[str]] | None:
+        """The key (and scope) whose secret ``authorization`` carries, revoked or not; None for
+        none, an unknown prefix or a wrong secret."""
         token = authorization[7:] if authorization[:7].lower() == "bearer " else ""
         prefix = public_prefix(token)
         entry = self.keys.get(prefix) if prefix else None
-        if entry is None or entry[0].state == "revoked" or not hmac.compare_digest(
-                key_hash(token), entry[0].hash):
+        if entry is None or not hmac.compare_digest(key_hash(token), entry[0].hash):
             return None
-        return entry[0]
+        return entry
 
     def targets(self, model: str, scope: frozenset[str] | None) -> tuple[Route, tuple[Deployment, ...]]:
         """The model's route and the targets of it the caller may use, in order; raises the 404
