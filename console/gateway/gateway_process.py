@@ -114,18 +114,28 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {admin_token()}"}
 
 
+def admin_get(replica: int, path: str) -> Any:
+    """A replica's admin API answer to ``GET path``, parsed; raises ``AdminUnreadable`` when it
+    cannot be reached, answers other than 200 or not JSON."""
+    try:
+        response = httpx.get(f"{url(replica)}{path}", headers=_headers(), timeout=TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise AdminUnreadable(f"GET {path}: {type(exc).__name__}: {exc}") from exc
+    if response.status_code != 200:
+        raise AdminUnreadable(f"GET {path}: {response.status_code} {response.text[:200]}")
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise AdminUnreadable(f"GET {path}: not JSON ({exc!r})") from exc
+
+
 def running_version(replica: int = 0) -> str:
     """The version of the configuration a replica serves with (``GET /admin/config``).
     Raises ``AdminUnreadable`` when it gives no such answer."""
+    body = admin_get(replica, "/admin/config")
     try:
-        response = httpx.get(f"{url(replica)}/admin/config", headers=_headers(), timeout=TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        raise AdminUnreadable(f"GET /admin/config: {type(exc).__name__}: {exc}") from exc
-    if response.status_code != 200:
-        raise AdminUnreadable(f"GET /admin/config: {response.status_code} {response.text[:200]}")
-    try:
-        version = response.json()["version"]
-    except (ValueError, KeyError, TypeError) as exc:
+        version = body["version"]
+    except (KeyError, TypeError) as exc:
         raise AdminUnreadable(f"GET /admin/config: not a configuration summary ({exc!r})") from exc
     if not isinstance(version, str):
         raise AdminUnreadable(f"GET /admin/config: version {version!r} is not a string")

@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, NamedTuple
 
-import httpx
 from django.utils import timezone
 
 from console.deployments.models import Deployment
@@ -17,7 +16,6 @@ from console.gateway import gateway_process
 from console.gateway.router_admin import AdminUnreadable
 from console.live.models import MetricSample
 
-TIMEOUT_S = 2.0
 # A snapshot older than this describes a deployment that is not collected any more.
 FRESH = timedelta(seconds=10)
 
@@ -31,17 +29,11 @@ class Queue(NamedTuple):
 
 def replica_queues(replica: int) -> list[Queue]:
     """One replica's queues (``GET /admin/queues``); raises AdminUnreadable."""
-    try:
-        response = httpx.get(f"{gateway_process.url(replica)}/admin/queues", timeout=TIMEOUT_S,
-                             headers={"Authorization": f"Bearer {gateway_process.admin_token()}"})
-    except httpx.HTTPError as exc:
-        raise AdminUnreadable(f"GET /admin/queues: {type(exc).__name__}: {exc}") from exc
-    if response.status_code != 200:
-        raise AdminUnreadable(f"GET /admin/queues: {response.status_code} {response.text[:200]}")
+    body = gateway_process.admin_get(replica, "/admin/queues")
     try:
         return [Queue(entry["deployment"], int(entry["in_flight"]), int(entry["limit"]),
                       {(w["band"], w["flow"]): int(w["requests"]) for w in entry["waiting"]})
-                for entry in response.json()["deployments"]]
+                for entry in body["deployments"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise AdminUnreadable(f"GET /admin/queues: not a queue list ({exc!r})") from exc
 
