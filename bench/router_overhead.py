@@ -23,8 +23,28 @@ non-empty choices; ITL = gaps between such messages. Added TTFT pXX = router pXX
 A concurrency of C keeps C requests open in a closed loop, their starts spread over one request
 time so that the C clients do not move in lock step.
 
-    .venv/bin/python bench/router_overhead.py                  # full run, ~9 minutes
+    .venv/bin/python bench/router_overhead.py                  # full run, ~14 minutes
     .venv/bin/python bench/router_overhead.py --round-seconds 1 --rounds 2 --concurrency 1 16
+
+Peers (`--peers`, default all three; colocated mode only, and not with `--hop gateway`): the same
+colocated measurements are made, in the same run and on the same router core, for
+
+- pdserve: the router as above, once per `--limits` value;
+- sglang: sglang-router (`python -m sglang_router.launch_router --policy round_robin`, a Rust
+  router behind a Python launcher; its CPU is the launcher's process and any children), run by
+  `--sglang-python` (default .venv-bench/bin/python, made by `bash scripts/install-bench.sh`);
+- naive: the simplest honest proxy, as vLLM's disaggregation proxy examples are (in
+  bench/router_peers.py: aiohttp, one shared client session, the body forwarded and the
+  answer's bytes streamed back unchanged, no keys).
+
+The peers have no limits and run once. A third table, "Peers side by side", gives per peer the
+non-streamed req/s at `--throughput-concurrency` (32), the CPU per streamed request at the
+highest `--concurrency`, the added TTFT p50 at the lowest, and pdserve against sglang-router with
+issue 26's targets (req/s >= 0.9x, CPU <= 1.5x, TTFT p50 at most 2 ms more). To reproduce it
+(colocated mode only, pdserve with both kinds of counters):
+
+    bash scripts/install-bench.sh
+    .venv/bin/python bench/router_overhead.py --modes colocated --limits memory redis
 
 `--endpoint chat` sends the same prompt as one user message to /v1/chat/completions instead: the
 router renders it with the model's chat template for its length check and the PD hand-off. The
@@ -57,6 +77,7 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.router_peers import check_sglang, print_peers, sglang_argv  # noqa: E402
 from inference.router.keys import key_hash, new_key, public_prefix  # noqa: E402
 
 MODEL = "bench-model"
@@ -216,6 +237,20 @@ class Procs:
         proc = self.spawn(name, argv, self.cores_router, env={"PYTHONUNBUFFERED": "1"})
         return f"http://127.0.0.1:{port}", psutil.Process(proc.pid)
 
+    def sglang_router(self, args: argparse.Namespace, name: str, backend: str
+                      ) -> tuple[str, psutil.Process]:
+        port = free_port()
+        proc = self.spawn(name, sglang_argv(args.sglang_python, port, backend, free_port()),
+                          self.cores_router)
+        return f"http://127.0.0.1:{port}", psutil.Process(proc.pid)
+
+    def naive_proxy(self, name: str, backend: str) -> tuple[str, psutil.Process]:
+        port = free_port()
+        argv = [sys.executable, str(Path(__file__).with_name("router_peers.py")), "--port",
+                str(port), "--backend", backend]
+        proc = self.spawn(name, argv, self.cores_router, env={"PYTHONUNBUFFERED": "1"})
+        return f"http://127.0.0.1:{port}", psutil.Process(proc.pid)
+
     def stop(self) -> None:
         for proc in self.started:
             proc.terminate()
@@ -227,9 +262,13 @@ class Procs:
         self.started.clear()
 
 
-async def wait_healthy(session: aiohttp.ClientSession, url: str, timeout_s: float = 120) -> None:
+async def wait_healthy(session: aiohttp.ClientSession, url: str, timeout_s: float = 120,
+                       proc: psutil.Process | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc is not None and proc.status() == psutil.STATUS_ZOMBIE:
+            raise RuntimeError(f"{url}: process {proc.pid} exited before answering; its log is"
+                               f" in the logs directory")
         with contextlib.suppress(aiohttp.ClientError):
             async with session.get(url + "/health") as response:
                 if response.status == 200:
@@ -293,6 +332,12 @@ class Target:
         return Sample(ttft=stamps[0] - st, gaps=[b - a for a, b in zip(stamps, stamps[1:], strict=False)])
 
 
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU of ``proc`` and its live children: a launcher may hand the serving to
+    a child process (sglang-router's may run its Rust server either way)."""
+    return sum(sum(p.cpu_times()[:2]) for p in [proc, *proc.children(recursive=True)])
+
+
 @dataclass
 class Round:
     samples: list[Sample] = field(default_factory=list)
@@ -305,7 +350,7 @@ class Round:
 async def closed_loop(target: Target, body: dict[str, Any], concurrency: int, seconds: float,
                       spread_s: float, stream: bool, router: psutil.Process) -> Round:
     result = Round()
-    cpu_before = sum(router.cpu_times()[:2])
+    cpu_before = cpu_seconds(router)
     started = time.perf_counter()
     deadline = started + seconds
 
@@ -322,7 +367,7 @@ async def closed_loop(target: Target, body: dict[str, Any], concurrency: int, se
 
     await asyncio.gather(*(client(i) for i in range(concurrency)))
     result.seconds = time.perf_counter() - started
-    result.router_cpu_s = sum(router.cpu_times()[:2]) - cpu_before
+    result.router_cpu_s = cpu_seconds(router) - cpu_before
     return result
 
 
@@ -372,11 +417,19 @@ class Setup:
     direct: Target
     routed: Target
     router: psutil.Process
+    peer: str = "pdserve"
 
     @property
     def pd_router(self) -> str:
         """The router's address: behind the gateway (--hop gateway) it is the direct target."""
         return self.direct.router or self.routed.router or ""
+
+
+async def fallbacks(setup: Setup) -> float:
+    # Only pdserve's router has the counter; the peers do no PD hand-off here.
+    if setup.peer != "pdserve":
+        return 0.0
+    return await pd_fallbacks(setup.routed.session, setup.pd_router)
 
 
 async def latency(setup: Setup, args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
@@ -396,7 +449,7 @@ async def latency(setup: Setup, args: argparse.Namespace, concurrency: int) -> d
     gaps = {name: [g for s in ss for g in s.gaps] for name, ss in samples.items()}
     routed_requests = sum(r.completed for r in rounds["router"])
     return {
-        "mode": setup.mode, "limits": setup.limits, "concurrency": concurrency,
+        "peer": setup.peer, "mode": setup.mode, "limits": setup.limits, "concurrency": concurrency,
         "requests": {name: len(ss) for name, ss in samples.items()},
         "failed": {name: sum(r.failed for r in rs) for name, rs in rounds.items()},
         "ttft_p50": {name: pct(v, 50) for name, v in ttft.items()},
@@ -404,7 +457,7 @@ async def latency(setup: Setup, args: argparse.Namespace, concurrency: int) -> d
         "itl_mean": {name: float(numpy.mean(v)) * 1000 for name, v in gaps.items()},
         "itl_p99": {name: pct(v, 99) for name, v in gaps.items()},
         "router_cpu_s_per_1k": 1000 * sum(r.router_cpu_s for r in rounds["router"]) / max(routed_requests, 1),
-        "pd_fallbacks": await pd_fallbacks(setup.routed.session, setup.pd_router),
+        "pd_fallbacks": await fallbacks(setup),
     }
 
 
@@ -421,13 +474,13 @@ async def throughput(setup: Setup, args: argparse.Namespace) -> dict[str, Any]:
     completed = sum(r.completed for r in routed)
     cpu = sum(r.router_cpu_s for r in routed)
     return {
-        "mode": setup.mode, "limits": setup.limits,
+        "peer": setup.peer, "mode": setup.mode, "limits": setup.limits,
         "direct_rps": max(r.completed / r.seconds for r in rounds["direct"]),
         "router_rps": max(r.completed / r.seconds for r in routed),
         "router_cpu_pct": 100 * cpu / sum(r.seconds for r in routed),
         "router_cpu_s_per_1k": 1000 * cpu / max(completed, 1),
         "failed": {name: sum(r.failed for r in rs) for name, rs in rounds.items()},
-        "pd_fallbacks": await pd_fallbacks(setup.routed.session, setup.pd_router),
+        "pd_fallbacks": await fallbacks(setup),
     }
 
 
@@ -478,6 +531,39 @@ async def setups(procs: Procs, args: argparse.Namespace, session: aiohttp.Client
     return result
 
 
+async def peer_setups(procs: Procs, args: argparse.Namespace, session: aiohttp.ClientSession,
+                      streaming: bool) -> list[Setup]:
+    """The peers pdserve's colocated router is compared with, each in front of its own stub of
+    the same kind and on the router's core."""
+    delays = ({"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms} if streaming
+              else {"ttft_ms": 0, "itl_ms": 0})
+    kind = "stream" if streaming else "rps"
+    result = []
+    for peer in args.peers:
+        if peer == "pdserve":
+            continue
+        full = procs.stub(args, **delays)
+        # sglang-router checks its workers once at start, then only every 30 s: the stub must
+        # already answer.
+        await wait_healthy(session, full)
+        if peer == "sglang":
+            proxy, proc = procs.sglang_router(args, f"sglang-{kind}", full)
+        else:
+            proxy, proc = procs.naive_proxy(f"naive-{kind}", full)
+        await wait_healthy(session, proxy, proc=proc)
+        result.append(Setup("colocated", "-", Target(session, full=full),
+                            Target(session, router=proxy), proc, peer=peer))
+    return result
+
+
+async def group_setups(procs: Procs, args: argparse.Namespace, session: aiohttp.ClientSession,
+                       streaming: bool, limits: str | None) -> list[Setup]:
+    """pdserve's setups with its counters in ``limits``, or (None) the peers'."""
+    if limits is None:
+        return await peer_setups(procs, args, session, streaming)
+    return await setups(procs, args, session, streaming, limits)
+
+
 def other_load() -> str:
     """CPU already busy before the run: other work on the box skews every figure."""
     busy = psutil.cpu_percent(interval=2, percpu=True)
@@ -485,7 +571,19 @@ def other_load() -> str:
     return note + (" -- NOT QUIET, figures are skewed" if max(busy) > 15 else " (quiet)")
 
 
+def peers_run(args: argparse.Namespace) -> bool:
+    """Whether sglang-router or the naive proxy are measured: they stand in for the colocated
+    router only, and --hop gateway measures a different thing (the gateway's hop)."""
+    return ("colocated" in args.modes and args.hop == "router"
+            and any(peer != "pdserve" for peer in args.peers))
+
+
 async def run(args: argparse.Namespace) -> int:
+    if peers_run(args) and "sglang" in args.peers:
+        check_sglang(args.sglang_python)
+    if args.hop == "gateway" and any(peer != "pdserve" for peer in args.peers):
+        print("--hop gateway: measuring pdserve only, the peers have no gateway in front",
+              file=sys.stderr)
     os.sched_setaffinity(0, {int(c) for c in args.harness_cores.split(",")})
     load_before = other_load()
     latencies, rates = [], []
@@ -493,14 +591,18 @@ async def run(args: argparse.Namespace) -> int:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector,
                                          timeout=aiohttp.ClientTimeout(total=60)) as session:
-            for limits in args.limits:
-                for setup in [] if args.throughput_only else await setups(
-                        procs, args, session, streaming=True, limits=limits):
+            # pdserve once per place its counters live, the peers (which have no limits) once.
+            groups: list[str | None] = list(args.limits) if "pdserve" in args.peers else []
+            if peers_run(args):
+                groups.append(None)
+            for limits in groups:
+                for setup in [] if args.throughput_only else await group_setups(
+                        procs, args, session, True, limits):
                     for concurrency in args.concurrency:
                         latencies.append(await latency(setup, args, concurrency))
                         print(json.dumps(latencies[-1]), file=sys.stderr)
                 procs.stop()
-                for setup in await setups(procs, args, session, streaming=False, limits=limits):
+                for setup in await group_setups(procs, args, session, False, limits):
                     rates.append(await throughput(setup, args))
                     print(json.dumps(rates[-1]), file=sys.stderr)
                 procs.stop()
@@ -526,24 +628,29 @@ def print_tables(args: argparse.Namespace, latencies: list[dict[str, Any]],
           f" (PD: prefill {args.prefill_ms:g} ms); prompt {args.prompt_words} words; router on core"
           f" {args.router_core}, stubs and client on {args.harness_cores}; {args.rounds} rounds of"
           f" {args.round_seconds:g} s per side, interleaved.\n")
-    print("| mode | limits | conc. | requests direct / router | failed | TTFT p50 direct / router ms"
-          " | added TTFT p50 ms | TTFT p99 direct / router ms | added TTFT p99 ms"
-          " | ITL mean direct / router ms | added per chunk ms | router CPU s / 1k req |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| peer | mode | limits | conc. | requests direct / router | failed"
+          " | TTFT p50 direct / router ms | added TTFT p50 ms | TTFT p99 direct / router ms"
+          " | added TTFT p99 ms | ITL mean direct / router ms | added per chunk ms"
+          " | router CPU s / 1k req |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in latencies:
-        print(f"| {r['mode']} | {r['limits']} | {r['concurrency']}"
+        print(f"| {r['peer']} | {r['mode']} | {r['limits']} | {r['concurrency']}"
               f" | {r['requests']['direct']} / {r['requests']['router']}"
               f" | {r['failed']['direct']} / {r['failed']['router']} | {pair(r, 'ttft_p50', 2)}"
               f" | {pair(r, 'ttft_p99', 2)} | {pair(r, 'itl_mean', 3)} | {r['router_cpu_s_per_1k']:.2f} |")
     print(f"\nNon-streamed, stubs answering at once, {args.throughput_concurrency} connections:\n")
-    print("| mode | limits | direct req/s (harness ceiling) | router req/s | router CPU % of its core"
-          " | router CPU s / 1k req | router req/s per core implied by CPU | failed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| peer | mode | limits | direct req/s (harness ceiling) | router req/s"
+          " | router CPU % of its core | router CPU s / 1k req | router req/s per core implied by CPU"
+          " | failed |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rates:
-        print(f"| {r['mode']} | {r['limits']} | {r['direct_rps']:,.0f} | {r['router_rps']:,.0f}"
+        print(f"| {r['peer']} | {r['mode']} | {r['limits']} | {r['direct_rps']:,.0f}"
+              f" | {r['router_rps']:,.0f}"
               f" | {r['router_cpu_pct']:.0f}"
               f" | {r['router_cpu_s_per_1k']:.3f} | {1000 / r['router_cpu_s_per_1k']:,.0f}"
               f" | {r['failed']['direct']} / {r['failed']['router']} |")
+    if any(r["peer"] != "pdserve" for r in rates):
+        print_peers(args, latencies, rates)
 
 
 def main() -> int:
@@ -562,7 +669,7 @@ def main() -> int:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 16, 64])
     parser.add_argument("--rounds", type=int, default=4, help="rounds per side, interleaved")
     parser.add_argument("--round-seconds", type=float, default=4.0)
-    parser.add_argument("--throughput-concurrency", type=int, default=64)
+    parser.add_argument("--throughput-concurrency", type=int, default=32)
     parser.add_argument("--prompt-words", type=int, default=100)
     parser.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
                         help="chat: the prompt as one user message, rendered by the router")
@@ -578,13 +685,25 @@ def main() -> int:
     parser.add_argument("--hop", choices=["router", "gateway"], default="router",
                         help="gateway: measure the gateway in front of the router against the "
                              "router alone (both on the router's core)")
+    parser.add_argument("--peers", nargs="+", default=["pdserve", "sglang", "naive"],
+                        choices=["pdserve", "sglang", "naive"],
+                        help="what serves the colocated mode: pdserve's router (per --limits), "
+                             "sglang-router, the naive aiohttp proxy")
+    parser.add_argument("--sglang-python", type=Path, default=ROOT / ".venv-bench/bin/python",
+                        help="an interpreter with sglang-router (scripts/install-bench.sh)")
     parser.add_argument("--router-core", default="0")
     parser.add_argument("--harness-cores", default="1")
     args = parser.parse_args()
+    if args.command is None and "pdserve" not in args.peers and not peers_run(args):
+        parser.error("nothing to measure: the peers other than pdserve run in colocated mode with"
+                     " --hop router only")
     if args.command == "stub":
         run_stub(args.port, args.ttft_ms, args.itl_ms, args.tokens, args.prefill_ms,
                  args.chat_ids_file)
         return 0
+    # Absolute, not resolved: the processes start in the repository root, and resolving would
+    # follow a venv's python symlink out of the venv.
+    args.sglang_python = args.sglang_python.absolute()
     return asyncio.run(run(args))
 
 

@@ -26,6 +26,7 @@ APP_ORDER: tuple[str, ...] = (
     "diagnosis",    # the troubleshooting view: eight symptoms from checks, metrics, logs, alerts
     "verification",  # reports per revision: connectivity, function, performance, stress, logs
     "rollouts",     # revisions of a deployment and the rollouts between them
+    "advisor",      # measured speeds, the predicted goodput of each topology, the advice
     "autoscaling",  # pool policies, the autoscaler's decisions; it pauses during a rollout
     "control",      # composition root: the deployment lifecycle, its pages, the supervise daemon
 )

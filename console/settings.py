@@ -96,6 +96,7 @@ INSTALLED_APPS = [
     "console.diagnosis",
     "console.verification",
     "console.rollouts",
+    "console.advisor",
     "console.autoscaling",
     "console.control",
 ]
@@ -294,6 +295,10 @@ PDSERVE_CACHE_DIR = env_path("PDSERVE_CACHE_DIR", DATA_DIR / "cache")
 # Every worker this node starts runs without torch.compile (vLLM --enforce-eager): it is ready
 # minutes sooner on a CPU and steps slower. For test and development nodes; off by default.
 PDSERVE_ENFORCE_EAGER = env_bool("PDSERVE_ENFORCE_EAGER", False)
+# Whether a new plan runs a verification report (console/verification) after every start and
+# every rollout promotion, until its own setting says otherwise. On by default; test consoles
+# that start and stop deployments by the dozen turn it off.
+PDSERVE_VERIFY_AFTER_START = env_bool("PDSERVE_VERIFY_AFTER_START", True)
 # Seconds a starting worker or router may write nothing before the supervisor kills it to start
 # it again (a hung start). torch.compile can be silent for minutes on a CPU, hence the default.
 PDSERVE_START_STALL_S = env_int("PDSERVE_START_STALL_S", 600, 30, 86_400)

@@ -26,6 +26,7 @@ urlpatterns = [
     path("api/v1/", include("console.diagnosis.api.urls")),
     path("api/v1/", include("console.verification.api.urls")),
     path("api/v1/", include("console.rollouts.api.urls")),
+    path("api/v1/", include("console.advisor.api.urls")),
     path("api/v1/", include("console.autoscaling.api.urls")),
     path("", include("console.audit.urls")),
     path("", include("console.accounts.urls")),
@@ -41,6 +42,7 @@ urlpatterns = [
     path("", include("console.diagnosis.urls")),
     path("", include("console.verification.urls")),
     path("", include("console.rollouts.urls")),
+    path("", include("console.advisor.urls")),
     path("", include("console.autoscaling.urls")),
     path("", include("console.control.urls")),
 ]

@@ -28,6 +28,11 @@ os.environ["PDSERVE_START_STALL_S"] = "180"
 # No gateway unless a test asks for one (console/gateway/gateway_process.py): every console a
 # test starts would otherwise bind the same port, 8090, and tests run several at once.
 os.environ["PDSERVE_GATEWAY_PORT"] = "0"
+# No verification report after each start and promotion (settings.PDSERVE_VERIFY_AFTER_START):
+# the suites start deployments dozens of times, and each report is minutes of load on the two
+# cores the next test needs. tests/console/test_verify_after_ready.py proves the trigger,
+# tests/e2e/test_verification_live.py the report on a real deployment.
+os.environ["PDSERVE_VERIFY_AFTER_START"] = "0"
 
 pytest_plugins = ["tests.suite_times"]
 early_teardown.register("borrowed", "tests", shutdown)

@@ -24,6 +24,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import connection
 
+from console.control import verify_after_ready
 from console.control.kv_storage import ensure_kv_root, remove_unused_revision_dirs
 from console.control.pools import PoolSync
 from console.control.rollout_runner import RolloutRunner
@@ -102,6 +103,7 @@ class Supervisor(ProcessEngine):
         did = self.gates.step() or did
         did = self.pools.step() or did
         did = self.rollouts.step(self.children) or did
+        did = verify_after_ready.step() or did
         did = self.housekeeping() or did
         return self.sweep() or did
 

@@ -32,6 +32,8 @@ from console.quality import services as quality
 from console.rollouts import revisions
 from console.rollouts.models import Revision
 from console.supervisor.models import ManagedProcess
+from console.verification import services as verification
+from console.verification.models import VerificationReport
 
 log = logging.getLogger("pdserve.control")
 
@@ -93,6 +95,9 @@ def start(deployment: Deployment) -> Report:
         if deployment.desired_state != Deployment.DesiredState.RUNNING:
             # The supervisor starts the router only once this gate is done (console/quality).
             quality.on_start(deployment)
+        # Verified once it is ready, when the plan asks for it: after `make up` too, which
+        # starts a deployment still wanted running from the console's last run afresh.
+        verification.after_ready(deployment, VerificationReport.Trigger.START)
         # What starts is a revision: the plan as stored, numbered (console/rollouts).
         revisions.ensure_live(deployment)
         request_state(deployment, Deployment.DesiredState.RUNNING)

@@ -17,6 +17,8 @@ from console.rollouts.machine import move
 from console.rollouts.models import Revision, Rollout
 from console.supervisor.engine import Child
 from console.supervisor.models import ManagedProcess
+from console.verification import services as verification
+from console.verification.models import VerificationReport
 
 State = Rollout.State
 
@@ -59,3 +61,6 @@ def promote(rollout: Rollout, children: dict[int, Child]) -> None:
     for pk, slot in renames.items():
         if pk in children:
             children[pk].slot = slot
+    # Green is the deployment now: verified once it is ready, when the plan asks for it.
+    deployment.refresh_from_db()
+    verification.after_ready(deployment, VerificationReport.Trigger.PROMOTION)

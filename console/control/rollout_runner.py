@@ -16,14 +16,17 @@ supervisor killed mid-rollout is replaced by one that goes on from the same row:
   back;
 - warm: green has all the traffic, blue stays up for the delay and until a window decided (a
   failed window still rolls back to it; a promote skips the wait);
+  then, when the rollout asks for it, until a verification report of green alone passed (one
+  that does not pass rolls back; a promote does not skip it);
 - draining: blue's group takes no new requests and finishes its own; then the plan becomes the
   revision (its ports and variants), the processes' slots are swapped and blue's workers stop;
 - rolling back: green's weight is 0 and its group drains, then green's workers stop.
 
 The router's groups and weights are made equal to the stored ones on every tick, so a router
 restarted mid-rollout gets green's group back (rollout_router.py); the in-place strategy's
-pair-by-pair hand-over is in rollout_in_place.py, the gate's thread in rollout_gate.py, the
-analysis windows in rollout_windows.py and the promotion in rollout_promotion.py.
+pair-by-pair hand-over is in rollout_in_place.py, the gate's thread in rollout_gate.py, green's
+own verification report in rollout_verification.py, the analysis windows in rollout_windows.py
+and the promotion in rollout_promotion.py.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from console.control.rollout_gate import GreenGate
 from console.control.rollout_in_place import InPlace
 from console.control.rollout_promotion import promote
 from console.control.rollout_router import RouterGroups
+from console.control.rollout_verification import MOVED, PASSED, GreenVerification
 from console.control.rollout_windows import AnalysisWindows, Window
 from console.control.worker_specs import ProcessSpec, green_specs
 from console.deployments import engine_args
@@ -64,7 +68,7 @@ Strategy = Rollout.Strategy
 
 
 @dataclass
-class RolloutRunner(RouterGroups, InPlace, GreenGate, AnalysisWindows):
+class RolloutRunner(RouterGroups, InPlace, GreenGate, GreenVerification, AnalysisWindows):
     # rollout id -> the gate thread scoring its green
     gates: dict[int, threading.Thread] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -264,6 +268,8 @@ class RolloutRunner(RouterGroups, InPlace, GreenGate, AnalysisWindows):
                                           verdict=analysis.PASS).exists()
         if rollout.pk in self.windows and not decided and not self._promoted(rollout):
             return verdict is not None
+        if rollout.verify_green and (verified := self._green_verified(rollout)) != PASSED:
+            return verified == MOVED or verdict is not None
         self._delete_group(rollout, rollout.blue.label)
         move(rollout, State.DRAINING, f"blue r{rollout.blue.number} takes no new requests "
              f"and finishes its own (at most {rollout.drain_timeout_s} s)")

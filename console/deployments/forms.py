@@ -44,7 +44,7 @@ class PlanForm(forms.ModelForm):
                   "degraded_mode", "tool_call_parser", "enable_auto_tool_choice",
                   "reasoning_parser", "chat_template",
                   "gate_mode", "gate_prompts", "gate_min_agreement", "gate_max_mean_delta",
-                  "gate_action"]
+                  "gate_action", "verify_after_start"]
         labels = {"max_model_len": "Context length", "ttft_slo_ms": "TTFT SLO, p95 (ms)",
                   "tpot_slo_ms": "TPOT SLO, p95 (ms)", "kv_cache_gib": "KV cache size (GiB)",
                   "kv_cache_dtype": "KV cache dtype", "dtype": "Compute dtype",
@@ -52,6 +52,7 @@ class PlanForm(forms.ModelForm):
                   "gate_mode": "Output gate", "gate_prompts": "Gate prompts",
                   "gate_min_agreement": "Gate: min top-1 agreement",
                   "gate_max_mean_delta": "Gate: max mean |Δ logprob|", "gate_action": "Gate action",
+                  "verify_after_start": "Verify after start and promotion",
                   "degraded_mode": "Degraded mode", "tool_call_parser": "Tool-call parser",
                   "enable_auto_tool_choice": "Auto tool choice",
                   "reasoning_parser": "Reasoning parser", "chat_template": "Chat template"}

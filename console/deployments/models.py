@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
@@ -56,6 +57,13 @@ def validate_sampling_defaults(value: object) -> None:
                                   f"got {number!r}")
         if not low <= number <= high:
             raise ValidationError(f"{key}: {number} is outside {low:g}..{high:g}")
+
+
+
+def verify_after_start_default() -> bool:
+    """The console's default for new plans (PDSERVE_VERIFY_AFTER_START), read when a plan is
+    made rather than frozen into the migration."""
+    return settings.PDSERVE_VERIFY_AFTER_START
 
 
 class Deployment(models.Model):
@@ -178,6 +186,10 @@ class Deployment(models.Model):
     reasoning_parser = models.CharField(
         max_length=60, blank=True, validators=[validate_parser_name],
         help_text="vLLM reasoning parser (--reasoning-parser), e.g. deepseek_r1; empty: none")
+    verify_after_start = models.BooleanField(
+        default=verify_after_start_default,
+        help_text="run a verification report once every start and every rollout promotion is "
+                  "ready (its connectivity, function, performance, stress, logs and resources)")
     degraded_mode = models.BooleanField(
         default=True,
         help_text="when no prefill worker is ready the router prefills on decode, and when no "

@@ -181,9 +181,15 @@ def ttft(obs: Observations) -> Diagnosis:
             prefill += 2
         engine = mean(v for _, v in per_sample(last, "ttft_p95", "prefill", max))
         if engine is not None and engine > plan.ttft_slo_s * NEAR_SLO:
-            slow_prefill += 1.5
+            # Prefill's own first token past the SLO is the whole story of a slow first token
+            # more often than a queue in front of it (a hung or starved prefill engine).
+            slow_prefill += 3 if engine > plan.ttft_slo_s else 1.5
         hand = mean(v for _, v in per_sample(last, "handoff_p95", "router", max))
-        if hand is not None and engine is not None and hand - engine > plan.ttft_slo_s / 4:
+        # The hand-off is to blame for what it adds beyond prefill's own time, when that is
+        # more than prefill's time itself: the two are percentiles of different histograms,
+        # whose buckets differ by more than a quarter SLO once prefill is seconds slow.
+        if hand is not None and engine is not None and hand - engine > max(
+                plan.ttft_slo_s / 4, engine):
             evidence.append(Evidence(f"the KV hand-off adds ~{hand - engine:.2f} s beyond "
                                      "prefill's own time to first token", "metrics",
                                      last[-1].at, obs.metrics_url))

@@ -3,7 +3,8 @@ its rotation or down in the collector's snapshots, a planned port someone else h
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import datetime, timedelta
 
 from console.alerts.symptom_links import BACKEND_UNREACHABLE
 from console.diagnosis import log_patterns as logs
@@ -26,6 +27,8 @@ UNREACHED = ("ClientConnectorError", "ClientConnectorDNSError", "ServerDisconnec
 # A worker down this long in a row, with the router up, is out of reach rather than restarting.
 DOWN_FOR_S = 10
 WINDOW_S = 300
+# The supervisor may respawn a killed worker just before the router logs losing it.
+RESTART_SLACK = timedelta(seconds=30)
 
 
 def diagnose(obs: Observations) -> Diagnosis:
@@ -72,7 +75,15 @@ def diagnose(obs: Observations) -> Diagnosis:
             down += 1
 
     for hit in obs.logs_of(logs.OUT_OF_ROTATION, logs.CONNECT_FAILED):
-        evidence.append(log_evidence(hit, strong=(obs.now - hit.at).total_seconds() <= WINDOW_S))
+        recent = (obs.now - hit.at).total_seconds() <= WINDOW_S
+        evidence.append(log_evidence(hit, strong=recent))
+        if recent:
+            # A worker of the role the router lost that is down or started again since: it
+            # was the backend that went away; none: the router called where nothing listens.
+            if _went_away(obs, hit.text, hit.at):
+                down += 1
+            else:
+                address += 1
     for hit in obs.logs_of(logs.PORT_IN_USE):
         evidence.append(log_evidence(hit))
         # The worker's own words for why it could not listen: it outranks the rest.
@@ -119,6 +130,18 @@ def diagnose(obs: Observations) -> Diagnosis:
                                            "page:start"),)),
     ]
     return judge(BACKEND_UNREACHABLE, evidence, causes)
+
+
+def _went_away(obs: Observations, line: str, at: datetime) -> bool:
+    """Whether a worker of the role named in the router's log ``line`` is not ready, or was
+    (re)started around or after ``at``."""
+    for process in obs.processes:
+        if process.role == "router" or not re.search(rf"\b{process.role} http", line):
+            continue
+        if process.state != "ready" or (process.restarts and process.started_at is not None
+                                        and process.started_at >= at - RESTART_SLACK):
+            return True
+    return False
 
 
 def _down_streaks(obs: Observations) -> list[tuple[str, float, datetime]]:

@@ -29,8 +29,6 @@ log = logging.getLogger("pdserve.gateway")
 TIMEOUT_S = 2.0
 # Not hex, so no drawn key prefix can equal it.
 CONSOLE_KEY_PREFIX = "console0"
-# Its id in a router's key set, and so in its usage ledger.
-CONSOLE_KEY_ID = "console"
 
 
 def _derive(purpose: str, deployment: Deployment) -> str:

@@ -24,9 +24,9 @@ from console.gateway import gateway_process
 from console.gateway.budgets import Spend, pushed, spend
 from console.gateway.models import LIMIT_FIELDS, MODEL_NAME, ApiKey, TeamBudget
 from console.gateway.private_files import write_private
-from console.gateway.router_admin import CONSOLE_KEY_ID, console_key, push_keys
+from console.gateway.router_admin import console_key, push_keys
 from console.gateway.routes_config import gateway_config, in_scope
-from inference.router.keys import key_hash, new_key, public_prefix
+from inference.router.keys import CONSOLE_KEY_ID, key_hash, new_key, public_prefix
 
 # What the audit log shows of a key: never its hash.
 KEY_FIELDS = ("name", "team", "all_deployments", "deployments", *LIMIT_FIELDS, "model_limits",

@@ -26,8 +26,8 @@ from prometheus_client.metrics_core import Metric
 
 from console.deployments.models import Deployment
 from console.gateway.models import ApiKey, UsageDay
-from console.gateway.router_admin import CONSOLE_KEY_ID, CONSOLE_KEY_PREFIX, LedgerRow
-from inference.router.keys import KEY_PREFIX
+from console.gateway.router_admin import CONSOLE_KEY_PREFIX, LedgerRow
+from inference.router.keys import CONSOLE_KEY_ID, KEY_PREFIX
 
 # What a read replaces in a stored row (besides ``updated``).
 REPLACED = ("deployment", "key", "key_prefix", "team", "model", "requests", "errors",

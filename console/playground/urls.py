@@ -4,4 +4,5 @@ from console.playground import views
 
 urlpatterns = [
     path("deployments/<slug:name>/playground/", views.playground, name="playground"),
+    path("playground/", views.gateway_playground, name="gateway-playground"),
 ]

@@ -70,6 +70,9 @@ class StartForm(forms.Form):
         label="Start deadline (s)",
         help_text="how long a green worker may make no progress; blank: 3 x the slowest "
                   "recorded start (300-3600 s)")
+    verify_green = forms.BooleanField(
+        required=False, label="Verify green",
+        help_text="drain blue only after a verification report of green alone passed")
 
     def clean_steps(self) -> Any:
         raw = self.cleaned_data.get("steps", "")

@@ -100,6 +100,13 @@ class Rollout(models.Model):
     units = models.JSONField(default=dict, blank=True)
     # The output gate on green: {"state", "report", "error"} once it ran.
     gate = models.JSONField(default=dict, blank=True)
+    # Green verified alone before blue stops: the report the rollout asked (warm waits for it
+    # to pass; one that does not pass rolls back). A promote does not skip it.
+    verify_green = models.BooleanField(
+        default=False, help_text="a passing verification report of green alone, with all the "
+        "traffic, before blue is drained (a failing one rolls back)")
+    verification = models.ForeignKey("verification.VerificationReport", null=True, blank=True,
+                                     on_delete=models.SET_NULL, related_name="+")
     reason = models.CharField(max_length=1000, blank=True, help_text="why the last transition")
     state_since = models.DateTimeField()
     # When green took the current step's weight (the hold counts from here).

@@ -180,13 +180,17 @@ def blue_ports(deployment: Deployment) -> dict[str, dict[str, int]]:
 def start(deployment: Deployment, revision: Revision, strategy: str,
           user: AbstractBaseUser | None, *, steps: Any = None, analysis: Any = None,
           scale_down_delay_s: int = 30, drain_timeout_s: int = 120,
-          start_timeout_s: int | None = None) -> Rollout:
+          start_timeout_s: int | None = None, verify_green: bool = False) -> Rollout:
     """Start rolling ``revision`` out: green starts beside blue on the next supervisor tick.
     ``start_timeout_s``: how long a green worker may make no progress before the rollout rolls
-    back; None derives it from the deployment's past starts (green_progress.default_deadline)."""
+    back; None derives it from the deployment's past starts (green_progress.default_deadline).
+    ``verify_green``: blue is drained only after a verification report of green alone passed."""
     if strategy not in Strategy.values:
         raise RolloutRefused(f"unknown strategy {strategy!r}; one of {', '.join(Strategy.values)}",
                              "strategy")
+    if verify_green and strategy == Strategy.IN_PLACE:
+        raise RolloutRefused("in place, green never serves alone beside a warm blue to fall "
+                             "back to: verify_green needs blue_green or canary", "verify_green")
     if revision.deployment_id != deployment.pk:
         raise RolloutRefused(f"revision r{revision.number} belongs to another deployment",
                              "revision")
@@ -238,7 +242,7 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
             weights={blue.label: 100, revision.label: 0},
             green_ports=(blue_ports(deployment) if in_place
                          else green_ports(deployment, revision.spec)),
-            state=first, state_since=timezone.now(), created_by=user)
+            state=first, state_since=timezone.now(), created_by=user, verify_green=verify_green)
         move(rollout, first, f"{user.get_username() if user else 'a command'} started "
              f"a {strategy.replace('_', '-')} rollout of r{revision.number} over r{blue.number}; "
              f"a green worker may go {deadline} s without progress ({why})")
@@ -265,7 +269,8 @@ def resume(rollout: Rollout) -> Rollout:
 
 def promote(rollout: Rollout) -> Rollout:
     """Skip the remaining steps and analysis: green takes all the traffic now (Argo's
-    "promote --full"); blue then stays warm for the delay and is drained."""
+    "promote --full"); blue then stays warm for the delay and is drained (after green's
+    verification passed, when the rollout asks for one: a promote does not skip it)."""
     if rollout.state not in (State.STEPPING, State.PAUSED) or (
             rollout.state == State.PAUSED and rollout.paused_from not in (State.STEPPING, State.WARM)):
         raise TransitionRefused(f"the rollout is {rollout.state}: only a rollout whose green "

@@ -106,7 +106,8 @@ def revision_rollout(request: HttpRequest, name: str, number: int) -> HttpRespon
     try:
         rollout = services.start(deployment, revision, form.cleaned_data["strategy"],
                                  request.user, steps=form.cleaned_data["steps"],
-                                 start_timeout_s=form.cleaned_data["start_timeout_s"])
+                                 start_timeout_s=form.cleaned_data["start_timeout_s"],
+                                 verify_green=form.cleaned_data["verify_green"])
     except (services.RolloutRefused, ValidationError) as exc:
         text = ("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
                 if isinstance(exc, ValidationError) else str(exc))

@@ -18,12 +18,14 @@ from console.gateway.router_admin import AdminUnreadable, pool_members
 from console.supervisor.models import ManagedProcess
 from console.verification.subject import Subject
 from console.verification.verdicts import FAIL, PASS, WARN, Section
+from inference.router.asked_placement import PLACEMENT_HEADER
 from inference.worker_auth import bearer
 
 TIMEOUT_S = 5.0
 # The router writes a request's timeline line when it ends; the log capture may lag behind.
 TIMELINE_WAIT_S = 5.0
 TIMELINE_PREFIX = "timeline {"
+PAIR_MAX_TOKENS = 4
 
 
 def port_open(host: str, port: int, timeout_s: float = 2.0) -> str:
@@ -122,7 +124,9 @@ def check_router(deployment: Deployment, subject: Subject, section: Section,
 
 def check_pairs(subject: Subject, section: Section, client: httpx.Client, report_id: int) -> None:
     """Requests through the router until every prefill/decode pair has served one (or as many
-    tries as twice the pairs): which pair served is in the router's timeline line."""
+    tries as twice the pairs): which pair served is in the router's timeline line. Each names
+    its placement (X-Pdserve-Placement: remote), so that the router hands it from prefill to
+    decode whatever its policy would do with a prompt of that length."""
     pairs = subject.pairs()
     tries = max(2 * len(pairs), 1)
     prefix = f"verify-{report_id}-{uuid.uuid4().hex[:6]}-pair-"
@@ -131,9 +135,10 @@ def check_pairs(subject: Subject, section: Section, client: httpx.Client, report
         try:
             response = client.post(
                 f"{subject.router_url}/v1/completions",
-                headers={**bearer(subject.api_key), "X-Request-Id": f"{prefix}{n}"},
+                headers={**bearer(subject.api_key), "X-Request-Id": f"{prefix}{n}",
+                         PLACEMENT_HEADER: "remote"},
                 json={"model": subject.model, "prompt": _handoff_prompt(n, subject.max_model_len),
-                      "max_tokens": 4, "temperature": 0})
+                      "max_tokens": PAIR_MAX_TOKENS, "temperature": 0})
             if response.status_code != 200:
                 failures.append(f"{prefix}{n}: HTTP {response.status_code} {response.text[:200]}")
         except httpx.HTTPError as exc:
@@ -167,9 +172,8 @@ def check_pairs(subject: Subject, section: Section, client: httpx.Client, report
 
 
 def _handoff_prompt(n: int, max_model_len: int) -> str:
-    """A prompt of several KV blocks: the router lets decode compute a prompt of one block or
-    less itself (no whole block to hand over), which would pass no pair at all. About 10
-    tokens a line, up to 512 tokens or a quarter of the context."""
+    """A prompt of several KV blocks (about 512 tokens, or a quarter of the context), which a
+    KV channel has something to move for."""
     lines = max(2, min(512, max_model_len // 4) // 10)
     return " ".join(f"Hand-off check {n}, line {i}: the sky is blue." for i in range(lines))
 

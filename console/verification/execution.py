@@ -64,7 +64,8 @@ def run_report(report_id: int, listener: Listener | None = None) -> Verification
 
 def _sections(report: VerificationReport, listener: Listener | None) -> list[dict[str, Any]]:
     deployment: Deployment = report.deployment
-    subject = subject_of(deployment)
+    subject = subject_of(deployment, report.revision
+                         if report.trigger == VerificationReport.Trigger.GREEN else None)
     options = report.options
     size = SweepSize(lengths=int(options.get("lengths", SweepSize.lengths)),
                      concurrencies=int(options.get("concurrencies", SweepSize.concurrencies)))

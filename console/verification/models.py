@@ -14,6 +14,7 @@ from django.db import models
 
 class VerificationReport(models.Model):
     class State(models.TextChoices):
+        WAITING = "waiting"  # queued after a start or promotion: runs once the deployment is ready
         QUEUED = "queued"
         RUNNING = "running"
         DONE = "done"      # every section ran; ``verdict`` says how it went
@@ -27,11 +28,15 @@ class VerificationReport(models.Model):
     class Trigger(models.TextChoices):
         DEMAND = "demand"    # the deployment page's button or the API
         COMMAND = "command"  # manage.py verify
+        START = "start"      # after a start, once the deployment is ready (its plan's setting)
+        PROMOTION = "promotion"  # after a rollout's promotion, likewise
+        GREEN = "green"      # a rollout's green alone, before its promotion (its setting)
 
     deployment = models.ForeignKey("deployments.Deployment", on_delete=models.CASCADE,
                                    related_name="verifications")
-    # The live revision's number when the report was queued. Kept as data: the rollouts app
-    # sits above this one in the layer order, so no foreign key to its Revision.
+    # The live revision's number when the report was queued (green's, for a green report).
+    # Kept as data: the rollouts app sits above this one in the layer order, so no foreign key
+    # to its Revision.
     revision = models.PositiveIntegerField(null=True, blank=True)
     trigger = models.CharField(max_length=10, choices=Trigger.choices)
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)

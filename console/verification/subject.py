@@ -58,21 +58,47 @@ class Subject:
         return [(p.url, d.url) for p in self.role("prefill") for d in self.role("decode")]
 
 
-def subject_of(deployment: Deployment) -> Subject:
-    rows = {p.slot: p.pk for p in ManagedProcess.objects.filter(deployment=deployment)}
-    workers = tuple(
-        Endpoint(slot=w.slot, role=w.role, host=w.host, port=w.port, process_id=rows.get(w.slot),
-                 node_memory_bytes=w.node.memory_bytes, node=w.node.name)
-        for w in deployment.workers.select_related("node").order_by("role", "index"))
+def subject_of(deployment: Deployment, green: int | None = None) -> Subject:
+    """The deployment's planned workers and router; ``green``: a rollout's green revision's
+    workers instead (its process rows, ``prefill-0@r<green>``, on the ports chosen for the
+    rollout), for the report a rollout asks before it promotes green. Green's NIXL side
+    channels are not in the plan yet, so its report checks none."""
+    rows = {p.slot: p for p in ManagedProcess.objects.filter(deployment=deployment)}
+    planned = list(deployment.workers.select_related("node").order_by("role", "index"))
+    mode = deployment.mode
+    if green is None:
+        workers = tuple(
+            Endpoint(slot=w.slot, role=w.role, host=w.host, port=w.port,
+                     process_id=rows[w.slot].pk if w.slot in rows else None,
+                     node_memory_bytes=w.node.memory_bytes, node=w.node.name)
+            for w in planned)
+        side = tuple((w.slot, w.host, w.side_channel_port) for w in planned
+                     if w.side_channel_port and deployment.kv_channel == "nixl")
+    else:
+        # Green's pools are laid out as the plan's (console/rollouts/revisions.py), so each
+        # green worker runs on the node of the planned worker of its base slot.
+        nodes = {w.slot: w.node for w in planned}
+        suffix = f"@r{green}"
+        found = []
+        for slot, row in sorted(rows.items(), key=lambda item: (item[1].role, item[0])):
+            if not slot.endswith(suffix) or row.port is None:
+                continue
+            node = nodes.get(slot.removesuffix(suffix))
+            found.append(Endpoint(slot=slot, role=row.role, host=row.host, port=row.port,
+                                  process_id=row.pk,
+                                  node_memory_bytes=node.memory_bytes if node else 0,
+                                  node=node.name if node else ""))
+        workers = tuple(found)
+        side = ()
+        # A revision may switch between colocated and PD.
+        mode = "colocated" if any(w.role == "colocated" for w in workers) else "pd"
     router_url = router_address(deployment)
     host = router_url.removeprefix("http://").rsplit(":", 1)[0].strip("[]")
-    side = tuple((w.slot, w.host, w.side_channel_port)
-                 for w in deployment.workers.order_by("role", "index")
-                 if w.side_channel_port and deployment.kv_channel == "nixl")
     return Subject(
         deployment_id=deployment.pk, name=deployment.name, model=deployment.served_model_name,
-        mode=deployment.mode, kv_channel=deployment.kv_channel,
-        router=Endpoint("router", "router", host, deployment.router_port, rows.get("router")),
+        mode=mode, kv_channel=deployment.kv_channel,
+        router=Endpoint("router", "router", host, deployment.router_port,
+                        rows["router"].pk if "router" in rows else None),
         workers=workers, side_channels=side, api_key=console_key(deployment),
         worker_key=deployment_worker_key(deployment.name), concurrency=deployment.concurrency,
         max_model_len=deployment.max_model_len, ttft_slo_ms=deployment.ttft_slo_ms,

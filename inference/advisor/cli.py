@@ -95,6 +95,11 @@ def table(ranked: list[Ranked], seeds: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["measure"]:
+        # Imported here: ranking needs no HTTP client.
+        from inference.advisor.measure import main as measure_main
+        return measure_main(argv[1:])
     args = build_parser().parse_args(argv)
     slo = Slo(args.ttft_slo_ms, args.tpot_slo_ms)
     seeds = list(range(args.seed, args.seed + args.seeds))

@@ -57,6 +57,10 @@ def new_key() -> str:
     return f"{KEY_PREFIX}{secrets.token_hex(PREFIX_LEN // 2)}_{secrets.token_urlsafe(32)}"
 
 
+# The id of the console's own key (the playground's, the verification's) in every key set the
+# console pushes, and so in each router's usage ledger.
+CONSOLE_KEY_ID = "console"
+
 def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 

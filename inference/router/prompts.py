@@ -131,6 +131,9 @@ class ParsedRequest:
     length_unsettled: str | None = None
     # How many answers the request asks for: its prompts (a batch) times max(n, best_of).
     sequences: int = 1
+    # Where the request's X-Pdserve-Placement header says its prompt is prefilled (None: the
+    # router's policy chooses; see asked_placement.py).
+    placement: str | None = None
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -21,9 +21,10 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from inference.router.adaptive import AdaptivePlacer
+from inference.router.adaptive import AdaptivePlacer, Placement
 from inference.router.admin import AdminAPI
 from inference.router.admission import Admission
+from inference.router.asked_placement import asked_placement
 from inference.router.backends import (
     Backend,
     NoBackendAvailable,
@@ -432,6 +433,10 @@ class Router:
         request_id = timeline.request_id
         if isinstance(key := self.admission.check_auth(request, request_id), web.Response):
             return key
+        try:
+            placement = asked_placement(request.headers, key)
+        except RequestError as exc:
+            return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
         # The cheap limits first, before the body is even read: a key whose budget is spent, or
         # over its request rate or its concurrency, costs the router no parsing and no
         # tokenizing.
@@ -453,6 +458,8 @@ class Router:
                 parsed = self.checker.parse(endpoint, parse_json(raw))
             except RequestError as exc:
                 return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+            if placement is not None:
+                parsed = dataclasses.replace(parsed, placement=placement)
             answer: web.StreamResponse | None = None
             try:
                 answer = await self._serve_parsed(request, parsed, raw, key, ticket, timeline)
@@ -610,9 +617,11 @@ class Router:
             self.metrics.pd_fallback.labels(parsed.whole, revision).inc()
             timeline.kv = {"whole_on_decode": parsed.whole}
             return await forwarder.forward(request, "decode", parsed, raw, timeline)
-        if group.placer is not None:
-            placement = group.placer.place(len(parsed.prompt_token_ids), pools["prefill"].ready(),
-                                           pools["decode"].ready())
+        if parsed.placement is not None or group.placer is not None:
+            placement = (Placement(parsed.placement, "asked") if parsed.placement is not None
+                         else group.placer.place(len(parsed.prompt_token_ids),
+                                                 pools["prefill"].ready(),
+                                                 pools["decode"].ready()))
             self.metrics.placements.labels(placement.where, placement.reason).inc()
             timeline.kv = {"placement": placement.where}
             if placement.where == "local":

@@ -57,6 +57,15 @@
     text("weight-text", "blue r" + r.blue + " " + blue + "% · green r" + r.green + " " + green + "%");
     const failures = document.getElementById("rollout-failures");
     if (failures) failures.textContent = r.failures + " (limit " + failures.dataset.limit + ")";
+    const verification = document.getElementById("rollout-verification");
+    const report = r.progress && r.progress.verification;
+    if (verification && report) {
+      const link = document.createElement("a");
+      link.href = verification.dataset.reportUrl.replace(/0\/$/, report.report + "/");
+      link.textContent = "report #" + report.report;
+      verification.replaceChildren(link, ": " + report.state +
+        (report.verdict ? ", " + report.verdict : ""));
+    }
     const gate = document.querySelector("#check-gate .verdict");
     if (gate) gate.textContent = (r.gate && r.gate.state) || "not run";
     document.querySelectorAll("#rollout-actions form").forEach(function (form) {

@@ -27,7 +27,8 @@ AT = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$")  # a transition's time, UTC
 LIVE_S = 15_000  # ms: the hub polls every 0.1 s; a shell process takes a few seconds to start
 
 # A team with an operator and a viewer; a running tiny PD plan of the team with its live
-# revision r1, a draft r2 on another variant, and a canary rollout from r1 to r2 (starting).
+# revision r1, a draft r2 on another variant, and a canary rollout from r1 to r2 (starting)
+# that verifies green before blue is drained.
 SETUP = """
 import json
 import re
@@ -60,7 +61,7 @@ green_variant = (Variant.objects.filter(base=plan.base_model, name="green").firs
 draft, report = revisions.create_draft(plan, {{}}, {{"prefill": green_variant,
                                                     "decode": green_variant}}, None, "green")
 assert report.ok, report.errors
-rollout = services.start(plan, draft, "canary", users["roll-operator"])
+rollout = services.start(plan, draft, "canary", users["roll-operator"], verify_green=True)
 print(json.dumps({{"rollout": rollout.pk, "blue": blue.number, "green": draft.number,
                   "weights": rollout.weights, "state": rollout.state}}))
 """
@@ -91,6 +92,17 @@ STEP_ONE = """
                            "why": "0 <= 0.01"},
             "ttft_p95": {"green": 0.2148793103448275, "blue": 0.2, "limit": 0.3,
                          "verdict": "pass", "why": "0.2149 <= 1.5 x blue 0.2"}})
+"""
+
+# Green's own verification report asked for and running, as the runner stores it.
+VERIFYING = """
+    from console.verification.models import VerificationReport
+    report = VerificationReport.objects.create(deployment=rollout.deployment, trigger="green",
+                                               revision=2, budget_s=300, state="running")
+    Rollout.objects.filter(pk=rollout.pk).update(verification=report, progress={
+        **rollout.progress, "verification": {"report": report.pk, "state": "running",
+                                             "verdict": ""}})
+    print(report.pk)
 """
 
 # Two failed windows (the limit is one) and the runner rolls back: green's weight goes to 0.
@@ -286,4 +298,13 @@ def test_a_viewer_sees_the_rollout_live_and_no_buttons(
     expect(page.locator("#transitions tbody tr").last.locator("td")).to_have_text(
         [AT, "paused", "stepping", "roll-operator", "resumed by an operator", "r1 90% r2 10%"])
     expect(page.locator("#rollout button, #rollout form")).to_have_count(0)
+
+    # Green's own verification, asked before blue is drained, shows up and links its report.
+    expect(page.locator("#rollout-verification")).to_contain_text("before blue is drained")
+    out = django_shell(console, SUPERVISOR.format(pk=world["rollout"], body=VERIFYING.strip("\n")))
+    report = int(out.strip().splitlines()[-1])
+    expect(page.locator("#rollout-verification")).to_have_text(f"report #{report}: running",
+                                                               timeout=LIVE_S)
+    expect(page.locator("#rollout-verification a")).to_have_attribute(
+        "href", f"/verifications/{report}/")
     assert page.evaluate("window.__notReloaded") is True

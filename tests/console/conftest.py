@@ -29,6 +29,13 @@ def no_gateway(settings: Any) -> None:
     settings.PDSERVE_GATEWAY_PORT = 0
 
 
+@pytest.fixture(autouse=True)
+def no_verification_after_start(settings: Any) -> None:
+    # Likewise: new plans do not verify themselves after a start (tests/conftest.py says why);
+    # tests/console/test_verify_after_ready.py turns it on for its plans.
+    settings.PDSERVE_VERIFY_AFTER_START = False
+
+
 @pytest.fixture
 def owner(db: None) -> User:
     """The operator, created the way `manage.py bootstrap` creates the admin."""

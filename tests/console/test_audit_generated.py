@@ -16,6 +16,7 @@ import pytest
 from django.test import Client
 
 from console.accounts.models import Team
+from console.advisor.models import SpeedProfile
 from console.audit.models import AuditEntry
 from console.autoscaling.models import PoolPolicy, RatioBand
 from console.catalog.models import BaseModel, QuantizationJob
@@ -26,6 +27,7 @@ from console.gateway.models import TeamBudget
 from console.rollouts.models import Revision, Rollout
 from console.supervisor.models import ManagedProcess
 from tests.console.sockets import free_port
+from tests.console.test_advisor import SPEEDS as ADVISED_SPEEDS
 from tests.console.test_permissions_generated import KINDS, PUBLIC, call, client_for, values
 from tests.console.test_plans import form_data
 from tests.console.tiny_models import register
@@ -40,6 +42,9 @@ class Change:
     who: str          # the world's user who makes it
     body: Body        # what is sent
     action: str       # the entry's action
+    # Further entries of a change that is two changes in one (the advice's one click drafts a
+    # revision and starts its rollout), in order after ``action``.
+    also: tuple[str, ...] = ()
 
 
 def _none(_w: World) -> dict[str, Any]:
@@ -257,6 +262,14 @@ CHANGES: dict[tuple[str, str], Change] = {
         "operator", lambda w: {"strategy": "canary"}, "rollout.starting"),
     ("api/v1/deployments/{pk}/rollback/", "post"): Change("operator", _none, "rollout.starting"),
     ("deployments/{name}/rollback/", "post"): Change("operator", _none, "rollout.starting"),
+    # the topology advice
+    ("api/v1/deployments/{pk}/advice/measure/", "post"): Change("operator", _none,
+                                                                "advisor.measure"),
+    ("deployments/{name}/topology/measure/", "post"): Change("operator", _none, "advisor.measure"),
+    ("api/v1/deployments/{pk}/advice/apply/", "post"): Change(
+        "operator", lambda w: dict(ADVISED_LOAD), "revision.create", also=("rollout.starting",)),
+    ("deployments/{name}/topology/apply/", "post"): Change(
+        "operator", lambda w: dict(ADVISED_LOAD), "revision.create", also=("rollout.starting",)),
     ("api/v1/rollouts/{pk}/pause/", "post"): Change("operator", _none, "rollout.paused"),
     ("rollouts/{pk}/pause/", "post"): Change("operator", _none, "rollout.paused"),
     ("api/v1/rollouts/{pk}/resume/", "post"): Change("operator", _none, "rollout.stepping"),
@@ -354,6 +367,21 @@ def _live_replaced(w: World) -> None:
                             spec=live.spec, state=Revision.State.LIVE)
 
 
+# A load the stored speeds below advise colocated for, over the world's PD plan.
+ADVISED_LOAD = {"rate_per_s": "14", "prompt_tokens": "32", "output_tokens": "32"}
+
+
+def _advisable(w: World) -> None:
+    """Speeds of the plan's variant stored on two devices, under SLOs that make ADVISED_LOAD
+    recommend another topology; the deployment running and free of rollouts."""
+    _rollout_done(w)
+    Deployment.objects.filter(pk=w.deployment.pk).update(ttft_slo_ms=1500, tpot_slo_ms=60)
+    worker = w.deployment.workers.get(role="decode")
+    Node.objects.filter(pk=worker.node_id).update(cpu_ids=[0, 1])
+    SpeedProfile.objects.create(node=worker.node, variant=worker.variant,
+                                state=SpeedProfile.State.DONE, speeds=ADVISED_SPEEDS)
+
+
 def _paused(w: World) -> None:
     Rollout.objects.filter(pk=w.rollout.pk).update(state=Rollout.State.PAUSED,
                                                    paused_from=Rollout.State.STEPPING)
@@ -405,6 +433,8 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("api/v1/deployments/{pk}/rollback/", "post"): _live_replaced,
     ("deployments/{name}/rollback/", "post"): _live_replaced,
     ("api/v1/rollouts/{pk}/resume/", "post"): _paused,
+    ("api/v1/deployments/{pk}/advice/apply/", "post"): _advisable,
+    ("deployments/{name}/topology/apply/", "post"): _advisable,
     ("rollouts/{pk}/resume/", "post"): _paused,
     ("api/v1/deployments/{pk}/autoscaling/{role}/", "patch"): _scaled,
     ("api/v1/deployments/{pk}/autoscaling/{role}/", "delete"): _scaled,
@@ -454,9 +484,8 @@ def test_each_change_writes_one_entry_naming_the_user(world: World, template: st
     status, text = _send(client, method, url, change.body(world))
     assert status < 400, f"{method.upper()} {url} as {change.who}: {status} {text}"
     entries = list(AuditEntry.objects.order_by("pk")[before:])
-    assert len(entries) == 1, f"{method.upper()} {url}: {[e.action for e in entries]}"
-    [entry] = entries
-    assert entry.action == change.action
+    assert [e.action for e in entries] == [change.action, *change.also], f"{method.upper()} {url}"
+    entry = entries[0]
     assert entry.username == world.user(change.who).username
     assert entry.actor in (AuditEntry.Actor.USER, AuditEntry.Actor.TOKEN)
     if is_api(template):

@@ -193,6 +193,23 @@ def test_refused_calls_to_a_ready_worker_point_at_its_address(deployment: Deploy
     assert_named(found, "backend-unreachable", "address")
 
 
+def test_a_backend_lost_and_restarted_is_named_from_the_routers_log_alone(
+        deployment: Deployment) -> None:
+    """A decode SIGKILLed and restarted within a few seconds: no snapshot caught it down and no
+    request failed, only the router's log says it went out of rotation."""
+    decode = deployment.workers.get(role="decode")
+    lost = (f"2026-12-05 12:54:27,783 WARNING pdserve.router.backends decode {decode.url} out "
+            f"of rotation: ClientConnectorError: Cannot connect to host 127.0.0.1:{decode.port}")
+    log(deployment, "router", lost)
+    found = doctor(deployment)
+    # No worker went away: the router called where nothing listens.
+    assert found["backend-unreachable"]["causes"][0]["id"] == "address"
+    ManagedProcess.objects.filter(deployment=deployment, slot="decode-0").update(
+        restarts=1, started_at=timezone.now() - timedelta(seconds=20))
+    found = doctor(deployment)
+    assert_named(found, "backend-unreachable", "backend-down")
+
+
 # ---- 2: KV transfer --------------------------------------------------------------------------------
 def test_failing_kv_hand_offs_are_named(deployment: Deployment) -> None:
     samples(deployment, 60, lambda age: {} if age > 20 else {

@@ -102,9 +102,10 @@ def test_a_rollout_starts_is_read_and_moves(operator: Client, plan: Deployment,
                                             draft: Revision) -> None:
     response = post(operator, "/api/v1/rollouts/", {
         "deployment": plan.name, "revision": draft.number, "strategy": "canary",
-        "steps": [{"weight": 20, "hold_s": 5}, {"weight": 100}]})
+        "steps": [{"weight": 20, "hold_s": 5}, {"weight": 100}], "verify_green": True})
     assert response.status_code == 201, response.content
     rollout = response.json()
+    assert rollout["verify_green"] is True and rollout["verification"] is None
     assert rollout["to_revision"] == draft.number and rollout["state"] == "starting"
     assert rollout["transitions"][0]["to_state"] == "starting"
     assert rollout["steps"][0]["weight"] == 20 and rollout["analyses"] == []
@@ -132,6 +133,8 @@ def test_a_rollout_starts_is_read_and_moves(operator: Client, plan: Deployment,
 @pytest.mark.parametrize(("body", "status", "field"), [
     ({"strategy": "in_place"}, 400, "strategy"),
     ({"strategy": "sideways"}, 400, "strategy"),
+    ({"strategy": "in_place", "verify_green": True}, 400, "verify_green"),
+    ({"verify_green": "sometimes"}, 400, "verify_green"),
     ({"revision": 99}, 400, "revision"),
     ({"deployment": "nowhere"}, 400, "deployment"),
     ({"steps": [{"weight": 50}]}, 400, "steps"),
@@ -211,8 +214,9 @@ def test_the_command(plan: Deployment, draft: Revision) -> None:
     before = AuditEntry.objects.count()
     call_command("rollout", "start", plan.name, "--revision", str(draft.number),
                  "--strategy", "canary", "--steps", '[{"weight": 50}, {"weight": 100}]',
-                 stdout=out)
+                 "--verify-green", stdout=out)
     rollout = Rollout.objects.get(deployment=plan)
+    assert rollout.verify_green
     assert f"rollout #{rollout.pk} started" in out.getvalue()
     entry = AuditEntry.objects.order_by("pk")[before:].get()
     assert entry.actor == AuditEntry.Actor.COMMAND and entry.action == "rollout.starting"

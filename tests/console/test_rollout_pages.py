@@ -77,10 +77,15 @@ def test_drafting_and_rolling_out_from_the_page(world: dict[str, Any]) -> None:
     made = client.post(f"/deployments/{plan.name}/revisions/new/", {"block_size": "64"})
     assert made.status_code == 302
     assert Revision.objects.filter(deployment=plan, spec__block_size=64).exists()
+    revisions_page = client.get(f"/deployments/{plan.name}/revisions/").content.decode()
+    assert 'name="verify_green"' in revisions_page
     started = client.post(f"/deployments/{plan.name}/revisions/{draft.number}/rollout/",
-                          {"strategy": "canary"})
+                          {"strategy": "canary", "verify_green": "on"})
     rollout = Rollout.objects.get(deployment=plan)
     assert started.status_code == 302 and started["Location"] == f"/rollouts/{rollout.pk}/"
+    assert rollout.verify_green
+    page = client.get(f"/rollouts/{rollout.pk}/").content.decode()
+    assert 'id="rollout-verification"' in page and "before blue is drained" in page
     detail = client.get(f"/deployments/{plan.name}/").content.decode()
     assert "rollout-in-progress" in detail and f"/rollouts/{rollout.pk}/" in detail
     refused = client.post(f"/deployments/{plan.name}/revisions/{draft.number}/rollout/",

@@ -13,6 +13,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from console.audit.models import AuditEntry
 from console.catalog.models import Variant
 from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import green_specs, kv_storage_path, process_specs
@@ -23,6 +24,8 @@ from console.rollouts import revisions, services
 from console.rollouts.machine import TransitionRefused
 from console.rollouts.models import Revision, Rollout
 from console.supervisor.models import ManagedProcess
+from console.verification.models import VerificationReport
+from console.verification.subject import subject_of
 from tests.console.sockets import free_port
 from tests.console.tiny_models import make_plan, make_startable, register, running
 
@@ -87,8 +90,12 @@ def test_a_new_runner_takes_a_stored_rollout_to_the_end_and_the_plan_becomes_gre
     rollout.progress = {**rollout.progress, "window": {"opened": "2026-12-04T09:00:00+00:00",
                                                        "requests": {"1": 3, "2": 4}}}
     Rollout.objects.filter(pk=rollout.pk).update(progress=rollout.progress)
+    Deployment.objects.filter(pk=rollout.deployment_id).update(verify_after_start=True)
     rollout = _step(rollout)
     assert rollout.state == State.SUCCEEDED
+    # Green is verified once it is ready, as after a start (tests/console/test_verify_after_ready.py).
+    report = VerificationReport.objects.get(deployment_id=rollout.deployment_id)
+    assert (report.trigger, report.state) == ("promotion", VerificationReport.State.WAITING)
     # Ended: no window shown as still collecting on its page.
     assert Rollout.objects.get(pk=rollout.pk).progress.get("window") is None
     deployment = Deployment.objects.get(pk=rollout.deployment_id)
@@ -320,3 +327,86 @@ def test_in_place_rolls_back_pair_by_pair_and_needs_two_pairs(two_pairs: Deploym
     single, _ = revisions.create_draft(one_pair, {}, {"prefill": green, "decode": green}, None)
     with pytest.raises(services.RolloutRefused, match="at least two whole pairs"):
         services.start(one_pair, single, "in_place", None)
+
+
+@pytest.fixture
+def verified(rollout: Rollout) -> Rollout:
+    """A blue-green rollout of the same green that asks for green's verification."""
+    services.rollback(rollout)
+    _step(rollout)
+    return services.start(rollout.deployment, rollout.to_revision, "blue_green", None,
+                          scale_down_delay_s=0, verify_green=True)
+
+
+def _to_warm(rollout: Rollout) -> Rollout:
+    _step(rollout)
+    _green_ready(rollout)
+    rollout = _step(rollout)
+    services.promote(rollout)  # no router here, so no window could pass
+    rollout = _step(_step(rollout))  # the promoted step's weights, then warm
+    assert (rollout.state, rollout.weights) == (State.WARM, {"1": 0, "2": 100})
+    return rollout
+
+
+def _finish(report: VerificationReport, verdict: str, failing: str = "") -> None:
+    sections = [{"name": name, "verdict": "fail" if name == failing else "pass"}
+                for name in ("connectivity", "function", "stress")]
+    VerificationReport.objects.filter(pk=report.pk).update(
+        state=VerificationReport.State.DONE, verdict=verdict, sections=sections,
+        finished_at=timezone.now())
+
+
+def test_blue_is_drained_only_after_greens_own_report_passed(
+        verified: Rollout, monkeypatch: pytest.MonkeyPatch,
+        django_capture_on_commit_callbacks: Any) -> None:
+    sent: list[int] = []
+    monkeypatch.setattr("console.verification.services.run_verification.delay", sent.append)
+    rollout = _to_warm(verified)
+    # Another report of the deployment runs: green's waits for it, and blue stays.
+    other = VerificationReport.objects.create(deployment=rollout.deployment, trigger="demand",
+                                              state=VerificationReport.State.RUNNING,
+                                              budget_s=300)
+    rollout = _step(rollout)
+    assert (rollout.state, rollout.verification) == (State.WARM, None)
+    _finish(other, "pass")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        rollout = _step(rollout)
+    report = rollout.verification
+    assert rollout.state == State.WARM and report is not None and sent == [report.pk]
+    assert (report.trigger, report.revision, report.state) == ("green", 2, "queued")
+    assert rollout.progress["verification"] == {"report": report.pk, "state": "queued",
+                                                "verdict": ""}
+    # What that report runs against: green's workers on their rollout ports, not the plan's.
+    subject = subject_of(rollout.deployment, green=2)
+    assert {w.slot: w.port for w in subject.workers} == {
+        f"{slot}@r2": ports["port"] for slot, ports in rollout.green_ports.items()}
+    assert {w.slot for w in subject_of(rollout.deployment).workers} == {"prefill-0", "decode-0"}
+
+    assert _step(rollout).state == State.WARM  # still running
+    _finish(report, "warn")  # warnings pass
+    rollout = _step(rollout)
+    assert rollout.state == State.DRAINING
+    assert rollout.progress["verification"] == {"report": report.pk, "state": "done",
+                                                "verdict": "warn"}
+    assert AuditEntry.objects.filter(action="verification.run", object_id=str(report.pk)).exists()
+
+
+def test_a_green_whose_own_report_fails_is_rolled_back_even_when_promoted(
+        verified: Rollout, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("console.verification.services.run_verification.delay", lambda _: None)
+    rollout = _step(_to_warm(verified))
+    assert rollout.verification is not None
+    _finish(rollout.verification, "fail", failing="stress")
+    rollout = _step(rollout)
+    assert rollout.state == State.ROLLING_BACK
+    assert rollout.weights == {"1": 100, "2": 0}
+    assert rollout.reason == (f"green r2's verification #{rollout.verification.pk} did not "
+                              "pass (failing sections: stress)")
+
+
+def test_in_place_cannot_verify_green_alone(two_pairs: Deployment, tmp_path: Path) -> None:
+    with pytest.raises(services.RolloutRefused) as refused:
+        services.start(two_pairs, _draft(two_pairs, tmp_path), "in_place", None,
+                       verify_green=True)
+    assert refused.value.field == "verify_green"

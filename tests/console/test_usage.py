@@ -37,7 +37,6 @@ from console.control.worker_specs import process_specs
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.models import ApiKey, UsageDay
 from console.gateway.router_admin import (
-    CONSOLE_KEY_ID,
     CONSOLE_KEY_PREFIX,
     AdminUnreadable,
     console_key,
@@ -47,6 +46,7 @@ from console.gateway.services import key_set
 from console.gateway.sync import KeySync
 from console.gateway.usage import usage_file_path
 from console.supervisor.models import ManagedProcess
+from inference.router.keys import CONSOLE_KEY_ID
 from tests.console.sockets import listening, wait_for
 from tests.console.tiny_models import make_plan, make_startable
 from tests.console.tokens import token_for

@@ -4,7 +4,9 @@ supervisor running the evaluator and the delivery worker as ``make up`` does.
 A decode worker killed with SIGKILL fires the ready-made "worker down" within 10 s and resolves
 once the supervisor has restarted it; a real local HTTP receiver gets both notifications in
 Alertmanager's webhook format (version 4). Then the same outage under a silence: the alert fires
-and resolves, its history names the silence, and nothing is sent.
+and resolves, its history names the silence, and nothing is sent. The troubleshooting view names
+both faults: the backend the router could not reach (symptom 1) and the worker that restarts
+(symptom 8).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 
 from inference.process_groups import kill_group
 from tests.borrowed import NAME, Handle
+from tests.e2e.doctor import wait_for_symptom
 from tests.e2e.test_fault_matrix import BACK_TIMEOUT_S, _quiet, _wait, ready_again
 
 pytestmark = pytest.mark.vllm
@@ -111,6 +114,10 @@ def test_worker_down_fires_notifies_resolves_and_a_silence_mutes_it(
         assert resolved["alerts"][0]["startsAt"] == fired["alerts"][0]["startsAt"]
         print(f"\nworker down: fired {detection:.1f} s after SIGKILL, resolved "
               f"{resolution:.1f} s after it (the supervisor's restart)")
+        # The troubleshooting view names the outage (symptom 1) from the same observations.
+        unreachable = wait_for_symptom(borrowed, "backend-unreachable", "backend-down",
+                                       ("present", "suspected"))
+        assert any("decode" in e["text"] for e in unreachable["evidence"]), unreachable
 
         now = datetime.now(UTC)
         silence = borrowed.call("POST", "/api/v1/silences/", json={
@@ -131,6 +138,12 @@ def test_worker_down_fires_notifies_resolves_and_a_silence_mutes_it(
                  and e["to_state"] == "firing"]
         assert muted[0]["muted_by"] == f"silence #{silence.json()['id']}", muted[:2]
         borrowed.call("POST", f"/api/v1/silences/{silence.json()['id']}/expire/")
+        # Killed twice (more often by earlier borrowers): the worker that keeps restarting
+        # (symptom 8). Gone after it was ready, with no OOM line in its log: an engine that
+        # died after it was ready.
+        restarts = wait_for_symptom(borrowed, "restarts", "engine-died", ("present", "suspected"))
+        assert any(e["text"].startswith("decode-0 restarted") for e in restarts["evidence"]), \
+            restarts
         deliveries = borrowed.call("GET", "/api/v1/deliveries/").json()["results"]
         assert {d["state"] for d in deliveries} == {"sent"}, deliveries
     finally:

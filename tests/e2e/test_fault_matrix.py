@@ -38,6 +38,7 @@ from inference.router.keys import key_hash, new_key, public_prefix
 from inference.worker_auth import ROUTER_WORKER_KEY_ENV
 from tests.borrowed import FACILITY, NAME, Handle
 from tests.console.sockets import free_port
+from tests.e2e.doctor import wait_for_symptom
 from tests.e2e.test_failover import PROMPT, events, metric
 
 pytestmark = pytest.mark.vllm
@@ -608,6 +609,9 @@ def test_the_kv_directory_full(borrowed: Handle, tmp_path: Path) -> None:
     assert planned_pids(borrowed) == pids, "a worker died"
     assert any("KV not saved" in line and "No space left on device" in line
                for line in prefill_log.read_text(errors="replace").splitlines())
+    # The troubleshooting view names the symptom (2) and the full directory as its cause.
+    kv = wait_for_symptom(borrowed, "kv-transfer-timeout", "storage", ("present", "suspected"))
+    assert kv["causes"][0]["id"] == "storage", kv["causes"]
     ROWS.append(Row("shared-storage KV directory full", detection, freed - filled + back,
                     0, len(results), "decode computed the prompts itself; saved again "
                                      f"{back:.1f} s after space came back"))

@@ -11,6 +11,7 @@ benchmark nor the trickle loses a request.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +25,6 @@ import psutil
 import pytest
 
 from bench import serve_client
-from tests.borrowed import FACILITY
 from tests.e2e.conftest import Stack
 
 pytestmark = pytest.mark.vllm
@@ -159,6 +159,14 @@ def test_a_canary_pauses_on_a_trickle_and_finishes_under_a_real_client_s_steady_
     assert stack.deployment()["revision"]["number"] == green
 
 
+def writes_under(pid: int, directory: Path) -> bool:
+    """Whether process ``pid``'s standard output is a file under ``directory``."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/1").startswith(f"{directory}/")
+    except FileNotFoundError:  # it exited since the scan: not a leftover
+        return False
+
+
 def test_stop_leaves_no_vllm_process(stack: Stack) -> None:
     # After the rollout, blue's stopped rows stay in the table without a pid.
     pids = {p["pid"] for p in stack.deployment()["processes"] if p["pid"] is not None}
@@ -168,12 +176,15 @@ def test_stop_leaves_no_vllm_process(stack: Stack) -> None:
     assert all(p["state"] == "stopped" for p in body["processes"])
     reference = psutil.Process(stack.reference_pid)
     reference_family = {reference.pid, *(c.pid for c in reference.children(recursive=True))}
-    # The session's borrowed deployment (tests/borrowed.py) runs on: its processes are not leftovers.
-    others = reference_family | FACILITY.pids()
+    # This stack's processes are those writing their output under its data directory (the
+    # supervisor opens each child's log there; vLLM's engine processes inherit it). Other
+    # consoles run beside this one (the borrowed deployment, the console suite's routers):
+    # their processes are not this stop's leftovers.
     leftovers = [
         proc.info for proc in psutil.process_iter(["pid", "cmdline"])
-        if proc.info["pid"] not in others
+        if proc.info["pid"] not in reference_family
         and any("vllm" in part or "inference.router" in part for part in proc.info["cmdline"] or [])
+        and writes_under(proc.info["pid"], stack.data_dir)
     ]
     assert leftovers == []
     assert not any(psutil.pid_exists(pid) for pid in pids)

@@ -5,13 +5,17 @@ the effect on real vLLM workers is what bench/pd_mixed.py measures)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from inference.router.adaptive import AdaptivePlacer, BusyWindow, PrefillQueue
+from inference.router.asked_placement import PLACEMENT_HEADER
 from inference.router.backends import Backend, NoBackendAvailable
+from inference.router.keys import CONSOLE_KEY_ID, key_hash, new_key, public_prefix
 from tests.unit.conftest import MODEL, RunningRouter, StubVLLM, wait_until
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
@@ -296,3 +300,44 @@ async def test_a_prompt_still_queued_at_its_timeout_gets_504_and_never_reaches_a
     assert [len(r.body["prompt"].split()) for r in prefill.requests] == [60, 12]
     assert running.router.placer is not None and running.router.placer.queue.depth == 0
     assert running.router.placer.queue.active == 0
+
+
+async def test_the_console_names_a_requests_placement_and_no_tenant_can(
+        start_router: StartRouter, make_stub: MakeStub, tmp_path: Path) -> None:
+    """X-Pdserve-Placement overrides pd_adaptive's choice for the console's own key (the
+    verification's pair check) and on a router that asks no key; a tenant's key is refused."""
+    running, prefill, decode = await adaptive_router(start_router, make_stub)
+    # A prompt pd_adaptive would keep on decode, sent through prefill instead.
+    response = await running.client.post("/v1/completions", json=completion(6),
+                                         headers={PLACEMENT_HEADER: "remote"})
+    assert response.status == 200, await response.text()
+    assert len(prefill.requests) == 1 and prefill.requests[0].body["max_tokens"] == 1
+    assert len(decode.requests) == 1
+    assert await running.metric(PLACEMENTS, {"placement": "remote", "reason": "asked"}) == 1
+    # And a long one kept on decode.
+    response = await running.client.post("/v1/completions", json=completion(40),
+                                         headers={PLACEMENT_HEADER: "local"})
+    assert response.status == 200 and len(prefill.requests) == 1 and len(decode.requests) == 2
+    response = await running.client.post("/v1/completions", json=completion(6),
+                                         headers={PLACEMENT_HEADER: "prefill"})
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert error["param"] == PLACEMENT_HEADER and "remote, local" in error["message"]
+
+    console, tenant = new_key(), new_key()
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"version": "v1", "require_key": True, "keys": [
+        {"id": CONSOLE_KEY_ID, "prefix": public_prefix(console), "hash": key_hash(console),
+         "state": "active", "limits": {}},
+        {"id": 7, "prefix": public_prefix(tenant), "hash": key_hash(tenant), "state": "active",
+         "limits": {}}]}))
+    keyed, prefill, decode = await adaptive_router(start_router, make_stub, keys_file=str(keys))
+    response = await keyed.client.post("/v1/completions", json=completion(6), headers={
+        "Authorization": f"Bearer {tenant}", PLACEMENT_HEADER: "remote"})
+    assert response.status == 403
+    error = (await response.json())["error"]
+    assert error["param"] == PLACEMENT_HEADER and error["code"] == "permission_denied"
+    assert prefill.requests == [] and decode.requests == []
+    response = await keyed.client.post("/v1/completions", json=completion(6), headers={
+        "Authorization": f"Bearer {console}", PLACEMENT_HEADER: "remote"})
+    assert response.status == 200 and len(prefill.requests) == 1

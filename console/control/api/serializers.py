@@ -36,7 +36,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
                   "longest_request", "concurrency", "kv_channel", "kv_cache_gib", "block_size",
                   "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
                   "sampling_defaults", "tool_call_parser", "enable_auto_tool_choice",
-                  "chat_template", "reasoning_parser", "extra_engine_args", "router", "gate",
+                  "chat_template", "reasoning_parser", "extra_engine_args", "verify_after_start",
+                  "router", "gate",
                   "router_url", "desired_state", "state", "degraded", "revision", "rollout",
                   "workers", "processes", "created", "updated"]
 

@@ -141,7 +141,8 @@ class PlanSerializer(serializers.ModelSerializer):
                   "longest_request", "concurrency", "ttft_slo_ms", "tpot_slo_ms", "kv_channel",
                   "kv_cache_gib", "block_size", "kv_cache_dtype", "kv_load_failure", "dtype",
                   "engine_version", "sampling_defaults", "tool_call_parser", "enable_auto_tool_choice",
-                  "chat_template", "reasoning_parser", "extra_engine_args", "prefill",
+                  "chat_template", "reasoning_parser", "extra_engine_args", "verify_after_start",
+                  "prefill",
                   "decode", "colocated", "router", "gate"]
 
     def validate_name(self, name: str) -> str:

@@ -120,8 +120,9 @@ class RolloutSerializer(serializers.ModelSerializer):
         model = Rollout
         fields = ["id", "deployment", "deployment_name", "from_revision", "to_revision",
                   "strategy", "state", "paused_from", "step_index", "steps", "weights",
-                  "analysis", "failures", "gate", "reason", "scale_down_delay_s",
-                  "drain_timeout_s", "start_timeout_s", "progress", "state_since", "created_by",
+                  "analysis", "failures", "gate", "verify_green", "verification", "reason",
+                  "scale_down_delay_s", "drain_timeout_s", "start_timeout_s", "progress",
+                  "state_since", "created_by",
                   "created", "finished", "transitions", "analyses"]
         read_only_fields = fields
 
@@ -148,3 +149,7 @@ class StartSerializer(serializers.Serializer):
         "no new load phase) before the rollout rolls back; counted from its last progress. "
         "Default: 3 x the deployment's slowest recorded worker start, 300-3600 s (600 s "
         "without one)")
+    verify_green = serializers.BooleanField(
+        default=False, help_text="blue is drained only after a verification report of green "
+        "alone (all the traffic on it) passed; one that does not pass rolls back. Not with "
+        "in_place")

@@ -33,7 +33,8 @@ from console.rollouts.models import Revision, Rollout
 # A refusal naming one of these is about the request's input (400); any other is the
 # deployment's state now (409).
 INPUT_FIELDS = frozenset({"deployment", "revision", "strategy", "steps", "analysis",
-                          "scale_down_delay_s", "drain_timeout_s", "start_timeout_s"})
+                          "scale_down_delay_s", "drain_timeout_s", "start_timeout_s",
+                          "verify_green"})
 
 CONFLICT = OpenApiResponse(description="the rollout's state does not allow it; `detail` says why")
 
@@ -173,7 +174,7 @@ class RolloutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
                 deployment, revision, data["strategy"], request.user, steps=data.get("steps"),
                 analysis=data.get("analysis"), scale_down_delay_s=data["scale_down_delay_s"],
                 drain_timeout_s=data["drain_timeout_s"],
-                start_timeout_s=data.get("start_timeout_s"))
+                start_timeout_s=data.get("start_timeout_s"), verify_green=data["verify_green"])
         except services.RolloutRefused as exc:
             return refused(exc)
         return Response(self._read(rollout), status=status.HTTP_201_CREATED)

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from console.advisor.summary import advice_lines, default_advice, topology_page
 from console.audit.actors import acting_as
 from console.control import lifecycle
 from console.deployments.defaults import DEFAULT_DEPLOYMENT
@@ -169,6 +170,10 @@ class Command(BaseCommand):
             f"\"messages\":[{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}]}}'\n"
             "  stop:    Ctrl-C\n"
         )
+        # What the topology advisor makes of this machine (once its speeds are measured): the
+        # default deployment is 1P1D to show what pdserve does, not because it is always best.
+        self.stdout.write("\npdserve: " + "\n".join(advice_lines(
+            deployment, default_advice(deployment), topology_page(deployment))) + "\n")
         self.stdout.flush()
 
 

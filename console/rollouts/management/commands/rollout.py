@@ -19,7 +19,8 @@ from console.rollouts.models import Rollout
 
 MOVES = ("pause", "resume", "promote", "rollback")
 FLAGS = {"revision": "--revision", "strategy": "--strategy", "steps": "--steps",
-         "analysis": "--analysis", "start_timeout_s": "--start-timeout-s"}
+         "analysis": "--analysis", "start_timeout_s": "--start-timeout-s",
+         "verify_green": "--verify-green"}
 
 
 def _rollout(value: int) -> Rollout:
@@ -63,6 +64,9 @@ class Command(BaseCommand):
                            help="seconds a green worker may make no progress before the "
                                 "rollout rolls back (default: 3 x the slowest recorded start, "
                                 "300-3600 s)")
+        start.add_argument("--verify-green", action="store_true",
+                           help="drain blue only after a verification report of green alone "
+                                "passed; one that does not pass rolls back")
         status = sub.add_parser("status", help="one rollout as JSON")
         status.add_argument("rollout", type=int, metavar="ROLLOUT_ID")
         for name in MOVES:
@@ -107,7 +111,8 @@ class Command(BaseCommand):
         try:
             rollout = services.start(deployment, revision, options["strategy"], None,
                                      steps=steps, analysis=analysis,
-                                     start_timeout_s=options.get("start_timeout_s"))
+                                     start_timeout_s=options.get("start_timeout_s"),
+                                     verify_green=options["verify_green"])
         except services.RolloutRefused as exc:
             raise CommandError(f"{_flag(exc.field)}: {exc}" if exc.field in FLAGS
                                else str(exc)) from exc
