@@ -179,12 +179,15 @@ def ttft(obs: Observations) -> Diagnosis:
                                      "its measured speed", "metrics", last[-1].at,
                                      obs.metrics_url))
             prefill += 2
-        engine = mean(v for _, v in per_sample(last, "ttft_p95", "prefill", max))
+        # Peaks, not means: a minute holds few samples with prefill first tokens, and one slow
+        # prompt's sample beside a few fast ones (a warm-up pair, a short prompt) averages
+        # below the SLO while the router, which saw only the slow one, stays above it.
+        engine = _top(per_sample(last, "ttft_p95", "prefill", max))
         if engine is not None and engine > plan.ttft_slo_s * NEAR_SLO:
             # Prefill's own first token past the SLO is the whole story of a slow first token
             # more often than a queue in front of it (a hung or starved prefill engine).
             slow_prefill += 3 if engine > plan.ttft_slo_s else 1.5
-        hand = mean(v for _, v in per_sample(last, "handoff_p95", "router", max))
+        hand = _top(per_sample(last, "handoff_p95", "router", max))
         # The hand-off is to blame for what it adds beyond prefill's own time, when that is
         # more than prefill's time itself: the two are percentiles of different histograms,
         # whose buckets differ by more than a quarter SLO once prefill is seconds slow.
@@ -222,6 +225,11 @@ def ttft(obs: Observations) -> Diagnosis:
                            "plan:pd_policy"),)),
     ]
     return judge(TTFT_HIGH, evidence, causes)
+
+
+def _top(points: list[tuple[datetime, float]]) -> float | None:
+    top = peak(points)
+    return None if top is None else top[1]
 
 
 def _backlog_s(samples: tuple[Sample, ...]) -> float | None:

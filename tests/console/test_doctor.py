@@ -317,6 +317,25 @@ def test_a_slow_first_token_behind_prefill_is_named(deployment: Deployment) -> N
     assert "the SLO is 2 s" in found["ttft-high"]["evidence"][0]["text"]
 
 
+def test_one_slow_prompt_beside_fast_ones_is_prefill_not_the_hand_off(deployment: Deployment) -> None:
+    # A hung prefill engine (the live test's SIGSTOP): one prompt's first token after 7 s, three
+    # fast prompts in later samples, and the router's prefill call, in the next sample, in its
+    # own coarser buckets. Averaged, prefill's 7 s sank below the SLO and the hand-off took the
+    # blame for the difference.
+    def shape(age: int) -> dict[str, dict[str, Any]]:
+        quiet = {"ttft_p95": None, "ttft_p50": None}
+        prefill = {20: 7.2, 15: 0.02, 10: 0.02, 5: 0.02}.get(age)
+        return {"prefill-0": worker("prefill", **(quiet if prefill is None else {
+                    "ttft_p95": prefill, "ttft_p50": prefill})),
+                "router": router(deployment, ttft_p95=7.5 if age == 19 else None,
+                                 ttft_p50=None, handoff_p50=None,
+                                 handoff_p95=9.5 if age == 19 else None)}
+    samples(deployment, 90, shape)
+    found = doctor(deployment)
+    assert_named(found, "ttft-high", "slow-prefill")
+    assert "handoff" not in [c["id"] for c in found["ttft-high"]["causes"]]
+
+
 # ---- 7: stalls ------------------------------------------------------------------------------------
 def test_a_decode_that_stops_mid_stream_is_named(deployment: Deployment) -> None:
     samples(deployment, 120, lambda age: {} if age > 15 else {
