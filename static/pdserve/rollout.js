@@ -73,8 +73,8 @@
     });
   }
 
-  // Green's workers while they start: phase, time since their start and since their last
-  // progress against the deadline, redrawn every second from the stored timestamps.
+  // Green's workers while they start: phase and CPU, time since their start and since their
+  // last progress against the deadline, redrawn every second from the stored timestamps.
   let live = initial.live || {};
 
   function seconds(since, now) {
@@ -103,7 +103,9 @@
         const ready = w.phase === "ready";
         const cells = tr.children;
         cells[0].textContent = slot;
-        cells[1].textContent = w.phase;
+        // A silent worker busy on its core is computing (a compile), not hung.
+        cells[1].textContent = w.phase + (!ready && typeof w.cpu === "number" ?
+          " · " + Math.round(w.cpu) + " % CPU" : "");
         cells[2].textContent = ready ? "ready" : seconds(w.started_at, now);
         cells[3].textContent = ready || live.state !== "starting" ? "—" :
           seconds(w.progress_at, now) + " / " + deadline + " s";

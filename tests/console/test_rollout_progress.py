@@ -26,7 +26,7 @@ from console.control.rollout_runner import RolloutRunner
 from console.control.worker_specs import green_specs
 from console.deployments.models import Deployment
 from console.live import start_phase
-from console.live.models import LogLine
+from console.live.models import LogLine, MetricSample
 from console.rollouts import analysis, green_progress, revisions, services
 from console.rollouts.models import AnalysisRun, Revision, Rollout
 from console.supervisor.models import ManagedProcess
@@ -143,6 +143,55 @@ def test_no_progress_for_the_deadline_rolls_back_naming_the_worker_and_phase(
     assert "did not become ready" in rollout.reason
     assert f"{decode.slot} made no progress" in rollout.reason
     assert "loading weights" in rollout.reason and prefill.slot not in rollout.reason
+
+
+def _cpu(rollout: Rollout, by_slot: dict[str, float], seconds: range) -> None:
+    """The collector's 1 s samples ``seconds`` ago, each green slot at its CPU %."""
+    now = timezone.now()
+    MetricSample.objects.bulk_create([MetricSample(
+        deployment=rollout.deployment, resolution=MetricSample.Resolution.SECOND,
+        created=now - timedelta(seconds=age),
+        data={"processes": {slot: {"role": "decode", "up": 0, "cpu": cpu}
+                            for slot, cpu in by_slot.items()}}) for age in seconds])
+
+
+def test_a_silent_green_worker_busy_on_a_core_is_progressing_up_to_three_deadlines(
+        plan: Deployment, draft: Revision) -> None:
+    """make up's green decode compiled beside blue's for 7 min 42 s without a log line and was
+    rolled back as hung; its CPU said it was computing."""
+    rollout = services.start(plan, draft, "canary", None, start_timeout_s=150)
+    _age(rollout, 400)
+    processes = _green_processes(rollout, started_ago_s=400)
+    for process in processes:
+        _log(process, "INFO Warming up model for the compilation...", 380)
+    _cpu(rollout, {p.slot: 97.5 for p in processes}, range(380, 0, -1))
+    rollout = _step(rollout)
+    assert rollout.state == State.STARTING, rollout.reason
+    workers = rollout.progress["workers"]
+    assert {w["phase"] for w in workers.values()} == {"compiling"}
+    assert {w["cpu"] for w in workers.values()} == {97.5}
+    # Still busy, but silent in the log past three deadlines (450 s): a spin, not a start.
+    Rollout.objects.filter(pk=rollout.pk).update(progress={**rollout.progress, "workers": {
+        slot: {**entry, "log_at": (timezone.now() - timedelta(seconds=460)).isoformat()}
+        for slot, entry in workers.items()}})
+    rollout = _step(rollout)
+    assert rollout.state == State.ROLLING_BACK
+    assert "wrote no log line for 460 s although busy on a core" in rollout.reason
+    assert "3 x the deadline of 150 s" in rollout.reason
+
+
+def test_a_silent_green_worker_idle_on_its_core_is_not_progressing(plan: Deployment,
+                                                                    draft: Revision) -> None:
+    rollout = services.start(plan, draft, "canary", None, start_timeout_s=120)
+    _age(rollout, 200)
+    prefill, decode = _green_processes(rollout, started_ago_s=200)
+    for process in (prefill, decode):
+        _log(process, "INFO Warming up model for the compilation...", 190)
+    _cpu(rollout, {prefill.slot: 95.0, decode.slot: 2.0}, range(190, 0, -1))
+    rollout = _step(rollout)
+    assert rollout.state == State.ROLLING_BACK
+    assert f"{decode.slot} made no progress" in rollout.reason
+    assert prefill.slot not in rollout.reason
 
 
 def test_progress_resets_the_deadline_tick_after_tick(plan: Deployment,
