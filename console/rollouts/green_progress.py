@@ -132,19 +132,26 @@ def _read_cpu(workers: dict[str, Any], deployment_id: int, since: datetime) -> N
                for slot, entry in workers.items()}
     if not cursors:
         return
-    rows = MetricSample.objects.filter(
+    rows = list(MetricSample.objects.filter(
         deployment_id=deployment_id, resolution=MetricSample.Resolution.SECOND,
         created__gt=min(cursors.values())).order_by("created").values_list(
-        "created", "data")[:READ_BATCH]
+        "created", "data")[:READ_BATCH])
     for created, data in rows:
         processes = data.get("processes") or {}
         for slot, entry in workers.items():
             cpu = (processes.get(slot) or {}).get("cpu")
             if created <= cursors[slot] or not isinstance(cpu, int | float):
                 continue
-            entry["cpu"], entry["cpu_read_at"] = cpu, _iso(created)
+            entry["cpu"] = cpu
             if cpu >= BUSY_CPU_PERCENT:
                 _progressed(entry, created)
+    if rows:
+        # Every cursor past what was read, a slot absent from those samples too (its process
+        # not spawned yet): the next tick reads only newer samples.
+        last = rows[-1][0]
+        for slot, entry in workers.items():
+            if last > cursors[slot]:
+                entry["cpu_read_at"] = _iso(last)
 
 
 def stalled(workers: dict[str, Any], deadline_s: float, now: datetime) -> list[str]:
