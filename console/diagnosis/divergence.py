@@ -5,7 +5,7 @@ make prefill and decode differ (model files, sampling defaults, tokenizer, templ
 from __future__ import annotations
 
 from console.alerts.symptom_links import OUTPUT_DIFFERS
-from console.diagnosis.observations import Observations, per_sample
+from console.diagnosis.observations import Observations, PlannedWorker, per_sample
 from console.diagnosis.symptoms import (
     Cause,
     Diagnosis,
@@ -25,6 +25,14 @@ SAMPLING_CHECKS = ("sampling.defaults",)
 TEMPLATE_CHECKS = ("tokenizer.hash", "chat_template.hash", "chat_template.override")
 
 
+def _failed(workers: tuple[PlannedWorker, ...], reasons: tuple[str, ...]
+            ) -> tuple[PlannedWorker, ...]:
+    """The workers a failed gate's reasons name: each begins with the candidate's label,
+    ``<slot> (<variant>)`` (console/quality/services.py) or the bare slot."""
+    return tuple(w for w in workers if any(
+        reason.startswith((f"{w.slot} (", f"{w.slot}:")) for reason in reasons))
+
+
 def diagnose(obs: Observations) -> Diagnosis:
     evidence: list[Evidence] = []
     model = sampling = template = quantized = rendering = 0.0
@@ -35,8 +43,11 @@ def diagnose(obs: Observations) -> Diagnosis:
         reasons = "; ".join(gate.reasons[:3]) or "below the plan's thresholds"
         evidence.append(Evidence(f"the output gate failed: {reasons}", "gate", gate.finished_at,
                                  gate.url, strong=True))
-        quantized += 2 if any(w.quantized for w in plan.workers) else 0
-        model += 1
+        # Blame the variants of the workers the gate failed, when its reasons name them: a
+        # damaged full-precision decode beside a W8A8 prefill is not a quantization problem.
+        failed = _failed(plan.workers, gate.reasons) or plan.workers
+        quantized += 2 if any(w.quantized for w in failed) else 0
+        model += 1 if any(not w.quantized for w in failed) else 0
 
     variants = {w.role: (w.variant, w.path) for w in plan.workers}
     if plan.mode == "pd" and len({path for _, path in variants.values()}) > 1:

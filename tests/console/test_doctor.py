@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 from console.alerts import symptom_links
 from console.alerts.models import Alert, AlertRule
 from console.alerts.notifiers.mail import body
-from console.catalog.models import BaseModel
+from console.catalog.models import BaseModel, Variant
 from console.deployments.models import Deployment
 from console.diagnosis import log_patterns, services
 from console.diagnosis.api.serializers import DoctorReportSerializer
@@ -281,6 +281,29 @@ def test_different_sampling_defaults_are_named(deployment: Deployment, tmp_path:
     texts = " | ".join(e["text"] for e in found["output-differs"]["evidence"])
     assert "agreement 0.41" in texts and "sampling.defaults" in texts
     assert found["output-differs"]["causes"][0]["fixes"][0]["target"] == "plan:sampling_defaults"
+
+
+def test_a_damaged_full_precision_decode_beside_a_quantized_prefill_is_its_model_files(
+        deployment: Deployment, tmp_path: Path) -> None:
+    # The quality suite's injection (tests/quality/test_gate_e2e.py): prefill W8A8, decode a
+    # noisy copy of the weights. The gate names decode; quantization is not what failed it.
+    base = BaseModel.objects.get(name="tiny")
+    w8a8, broken = register(base, tmp_path, "w8a8"), register(base, tmp_path, "broken")
+    Variant.objects.filter(pk=w8a8.pk).update(quantization="w8a8")
+    use_variant(deployment, w8a8, "prefill")
+    use_variant(deployment, broken, "decode")
+    GateResult.objects.create(deployment=deployment, trigger=GateResult.Trigger.DEMAND,
+                              state=GateResult.State.FAILED, prompts=8, min_agreement=0.9,
+                              max_mean_delta=0.5, action="block", finished_at=timezone.now(),
+                              report={"reasons": ["decode-0 (broken): top-1 agreement 12.5% is "
+                                                  "below 90.0%"]})
+    found = doctor(deployment)
+    assert_named(found, "output-differs", "model-files")
+    assert "decode-0 (broken)" in found["output-differs"]["evidence"][0]["text"]
+    # The same gate failing on the quantized prefill is the quantization.
+    GateResult.objects.filter(deployment=deployment).update(report={"reasons": [
+        "prefill-0 (w8a8): top-1 agreement 12.5% is below 90.0%"]})
+    assert_named(doctor(deployment), "output-differs", "quantization")
 
 
 # ---- 5: queueing ------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ seconds), served by vLLM in PD.
    prompt's KV goes through NIXL (gate off: see the test).
 2. The same pair on shared storage with the gate: it passes, and the router starts only after it.
 3. The decode variant swapped for a damaged copy of the weights (noise): the gate fails and, with the
-   action ``block``, the router is not started (deployment state ``blocked``); with ``warn`` the
-   router starts and the page warns.
+   action ``block``, the router is not started (deployment state ``blocked``) and the
+   troubleshooting view names symptom 4 (output differs) with decode's model files as its cause;
+   with ``warn`` the router starts and the page warns.
 
 Thresholds: measured on this random model with 4 prompts, the RTN W8A8 and W4A16 variants agreed
 with bf16 on 100 % of the answer tokens (mean |Δ logprob| 0.002 and 0.03); transformers puts the
@@ -268,6 +269,14 @@ def test_a_damaged_decode_variant_is_caught_block_keeps_the_router_off_warn_serv
         httpx.get(f"{deployment['router_url']}/health", timeout=2)
     page = stack.session.get("/deployments/tiny-mixed/").text
     assert "Router not serving: output gate failed" in page and 'state-blocked' in page
+    # The troubleshooting view names the symptom (4, output differs) and its cause: decode's
+    # model files, not the quantization of the W8A8 prefill beside it.
+    found = stack.call("GET", f"/api/v1/deployments/{plan['id']}/doctor")
+    assert found.status_code == 200, found.text
+    [differs] = [s for s in found.json()["symptoms"] if s["id"] == "output-differs"]
+    assert differs["state"] == "present", differs
+    assert differs["causes"][0]["id"] == "model-files", differs["causes"]
+    assert any("decode-0 (broken)" in e["text"] for e in differs["evidence"]), differs["evidence"]
 
     # warn: the same failed gate lets traffic through, and the page says so.
     response = stack.call("PATCH", path, json={"gate": {"action": "warn"}})
