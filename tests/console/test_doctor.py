@@ -260,6 +260,30 @@ def test_a_context_that_cannot_fit_is_named_with_vllms_estimate(deployment: Depl
     assert found["restarts"]["causes"][0]["id"] == "out-of-memory"
 
 
+def test_a_context_that_cannot_fit_is_refused_at_start_and_named(
+        db: None, tmp_path: Path, api: APIClient) -> None:
+    # Made real through the start itself: a tiny model of 16 layers allowing a million tokens
+    # (2 KiB of KV a token, 2 GiB at full context) planned at that context with a 1 GiB KV
+    # cache. The pre-flight check refuses the start before vLLM would (vLLM's own refusal is
+    # the log line of the test above), and the doctor names the KV cache from the check.
+    base = BaseModel.objects.get_or_create(name="tiny")[0]
+    long = register(base, tmp_path, "long", config={"max_position_embeddings": 1_048_576,
+                                                    "num_hidden_layers": 16})
+    plan = make_plan(tmp_path, name="tiny-long")
+    use_variant(plan, long, "prefill")
+    use_variant(plan, long, "decode")
+    Deployment.objects.filter(pk=plan.pk).update(max_model_len=1_048_576, kv_cache_gib=1)
+    response = api.post(f"/api/v1/deployments/{plan.pk}/start")
+    assert response.status_code == 409, response.json()
+    assert {r["id"] for r in response.json()["results"]} == {"memory.fit"}
+    plan.refresh_from_db()
+    found = doctor(plan)["oom-at-start"]
+    assert found["state"] in ("present", "suspected"), found
+    assert found["causes"][0]["id"] == "kv-cache", found["causes"]
+    assert any("cannot hold one request at full context" in e["text"]
+               for e in found["evidence"]), found["evidence"]
+
+
 def test_a_worker_killed_before_it_was_ready_is_an_oom(deployment: Deployment) -> None:
     ManagedProcess.objects.filter(deployment=deployment, slot="prefill-0").update(
         state=State.FAILED, restarts=1, exit_code=-9, ready_at=None)
