@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from console.deployments.engine_args import check_engine_args
+from console.deployments.engine_args import check_engine_args, load_parser
 from console.deployments.models import Deployment
 from console.deployments.placement import Ledger
 from console.rollouts import capacity, green_progress, revisions
@@ -207,33 +207,42 @@ def start(deployment: Deployment, revision: Revision, strategy: str,
     why = "as asked"
     if deadline is None:
         deadline, why = green_progress.default_deadline(deployment.pk)
+    # The checks only read, and are made before the write transaction: SQLite's transactions
+    # here are IMMEDIATE, holding the write lock for the whole block, and the first check of
+    # engine flags in a process imports vLLM (tens of seconds under load). Inside it, a
+    # rollout started under `vllm bench serve` held the lock past the 20 s busy timeout and the
+    # supervisor's tick failed with "database is locked".
+    load_parser(revision.spec.get("extra_engine_args"))
+    blue = revisions.ensure_live(deployment)
+    if revision.pk == blue.pk:
+        raise RolloutRefused(f"r{revision.number} is the live revision already", "revision")
+    # The rollout writes the revision's flags into the plan: each that differs from blue's
+    # needs its role of the one rolling out or of the draft's author (a superuser's draft
+    # may be rolled out by an operator; an operator's draft cannot gain flags through a live
+    # revision that changed since). No author: the plan as once started, or a command's.
+    check_engine_args(revision.spec.get("extra_engine_args") or [], user,
+                      deployment.team_id, before=blue.spec.get("extra_engine_args") or [],
+                      author=revision.created_by, authored=True)
+    report = revisions.check_spec(deployment, revision.spec)
+    if not report.ok:
+        errors = "; ".join(f"{o.id}: {o.message}" for o in report.errors)
+        raise RolloutRefused(f"green's pre-flight checks failed: {errors}", "revision")
+    in_place = strategy == Strategy.IN_PLACE
+    if not in_place:
+        fits, arithmetic = capacity.second_copy_fits(deployment, revision.spec)
+        if not fits:
+            raise RolloutRefused(
+                f"a second copy does not fit beside the live one ({arithmetic}): use the "
+                "in_place strategy, which replaces one prefill+decode pair at a time",
+                "strategy")
     with transaction.atomic():
         Deployment.objects.select_for_update().get(pk=deployment.pk)
         if (running := active(deployment)) is not None:
             raise RolloutRefused(f"rollout #{running.pk} of {deployment.name} is {running.state}; "
                                  "one rollout at a time")
-        blue = revisions.ensure_live(deployment)
-        if revision.pk == blue.pk:
-            raise RolloutRefused(f"r{revision.number} is the live revision already", "revision")
-        # The rollout writes the revision's flags into the plan: each that differs from blue's
-        # needs its role of the one rolling out or of the draft's author (a superuser's draft
-        # may be rolled out by an operator; an operator's draft cannot gain flags through a live
-        # revision that changed since). No author: the plan as once started, or a command's.
-        check_engine_args(revision.spec.get("extra_engine_args") or [], user,
-                          deployment.team_id, before=blue.spec.get("extra_engine_args") or [],
-                          author=revision.created_by, authored=True)
-        report = revisions.check_spec(deployment, revision.spec)
-        if not report.ok:
-            errors = "; ".join(f"{o.id}: {o.message}" for o in report.errors)
-            raise RolloutRefused(f"green's pre-flight checks failed: {errors}", "revision")
-        in_place = strategy == Strategy.IN_PLACE
-        if not in_place:
-            fits, arithmetic = capacity.second_copy_fits(deployment, revision.spec)
-            if not fits:
-                raise RolloutRefused(
-                    f"a second copy does not fit beside the live one ({arithmetic}): use the "
-                    "in_place strategy, which replaces one prefill+decode pair at a time",
-                    "strategy")
+        if revisions.ensure_live(deployment).pk != blue.pk:
+            raise RolloutRefused("the live revision changed while green was checked; start "
+                                 "the rollout again", "revision")
         first = State.RELEASING if in_place else State.STARTING
         rollout = Rollout.objects.create(
             deployment=deployment, from_revision=blue, to_revision=revision, strategy=strategy,

@@ -153,6 +153,38 @@ def test_the_promotion_imports_vllm_s_parser_before_it_takes_the_database(
     assert depths == [outside], f"built at transaction depth {depths}, outside is {outside}"
 
 
+def test_a_rollouts_start_checks_green_outside_its_write_transaction(
+        db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`manage.py rollout start` under `vllm bench serve` on `make up`: the start imported vLLM
+    to check green's flags inside its (IMMEDIATE) transaction, held SQLite's write lock past
+    the 20 s busy timeout, and the supervisor's tick died with "database is locked"."""
+    deployment = _ready(make_startable(make_plan(tmp_path)))
+    draft, _ = revisions.create_draft(
+        deployment, {"gate_mode": "off", "extra_engine_args": ["--max-num-seqs", "64"]}, {},
+        None)
+    built = engine_args.serve_parser
+    built.cache_clear()
+    depths: dict[str, list[int]] = {"parser": [], "checks": []}
+
+    def serve_parser() -> Any:
+        if built.cache_info().currsize == 0:
+            depths["parser"].append(len(connection.atomic_blocks))
+        return built()
+
+    check_spec = revisions.check_spec
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        depths["checks"].append(len(connection.atomic_blocks))
+        return check_spec(*args, **kwargs)
+
+    monkeypatch.setattr(engine_args, "serve_parser", serve_parser)
+    monkeypatch.setattr(revisions, "check_spec", checked)
+    outside = len(connection.atomic_blocks)  # the test's own transaction
+    rollout = services.start(deployment, draft, "blue_green", None)
+    assert rollout.state == State.STARTING
+    assert depths == {"parser": [outside], "checks": [outside]}, (depths, outside)
+
+
 def test_stopped_rows_of_an_earlier_life_of_the_green_revision_do_not_hold_it_back(
         rollout: Rollout) -> None:
     """Rolling back to r1 after r2 took over finds r1's old blue rows, renamed to @r1 when r2
