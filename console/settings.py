@@ -312,6 +312,9 @@ PDSERVE_KV_DIR = env_path(
 )
 PDSERVE_LOG_RETENTION_LINES = env_int("PDSERVE_LOG_RETENTION_LINES", 50_000, 100, 10_000_000)
 PDSERVE_SUPERVISOR_TICK_S = float(env_int("PDSERVE_SUPERVISOR_TICK_MS", 500, 50, 10_000)) / 1000
+# How long every supervisor tick may fail on the database (locked, connection cut) before the
+# daemon gives up; until then its workers run on (console/control/tick_loop.py).
+PDSERVE_SUPERVISOR_DB_GRACE_S = env_int("PDSERVE_SUPERVISOR_DB_GRACE_S", 300, 0, 86_400)
 # Node agents (manage.py agent --node NAME): a heartbeat every 5 s, and a node is marked down
 # after 30 s without one. Six missed beats: a Redis restart or a network blip of up to ~25 s
 # marks nothing down (the peers' users report false mass "not ready" after short blips), and

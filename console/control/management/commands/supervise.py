@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import signal
-import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -19,6 +18,7 @@ from console.audit.actors import acting_as
 from console.autoscaling.runner import Autoscaler
 from console.control.daemon import Supervisor
 from console.control.kv_storage import KVRootRefused, ensure_kv_root
+from console.control.tick_loop import run_ticks
 from console.fleet import agent_liveness, secret_fingerprint
 from console.gateway.sync import KeySync
 from console.supervisor.models import ManagedProcess
@@ -88,9 +88,8 @@ class Command(BaseCommand):
         try:
             # What the daemon changes is the system's doing in the audit log, not a command's.
             with acting_as("system", "supervise"):
-                while not self.stopping:
-                    supervisor.tick()
-                    time.sleep(settings.PDSERVE_SUPERVISOR_TICK_S)
+                run_ticks(supervisor.tick, lambda: self.stopping,
+                          settings.PDSERVE_SUPERVISOR_TICK_S, settings.PDSERVE_SUPERVISOR_DB_GRACE_S)
         finally:
             self.stdout.write("supervisor: stopping all processes")
             supervisor.stop_all()
