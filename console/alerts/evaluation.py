@@ -210,6 +210,11 @@ class Evaluator:
             deployment=deployment, kind__in=ManagedProcess.PLANNED_KINDS)}
         planned = {w.slot: w for w in deployment.workers.all()}
         starting = first_starts(planned, processes)
+        # Stopped on purpose (a rollout's retired blue, a removed instance): its silence is no
+        # outage, and an alert it had ends (an instance nothing evaluates stayed firing).
+        retired = {slot for slot, process in processes.items() if slot not in planned
+                   and process.state in (ManagedProcess.State.STOPPING,
+                                         ManagedProcess.State.STOPPED)}
         cache = self._caches.setdefault(deployment.pk, _DeploymentCache())
         self._read_samples(deployment, cache, planned, starting, first_ready(processes),
                            at - longest)
@@ -239,6 +244,9 @@ class Evaluator:
             for key, points in groups.items():
                 if key[1] in starting:
                     continue  # first start: not down, not missing data, just not up yet
+                if key[1] in retired:
+                    stepped.changed += self._retire(rule, deployment, key, now)
+                    continue
                 if definition.is_ratio:
                     value, count = rule_states.aggregate_ratio(points, rule.aggregation,
                                                                rule.window_s, at)
@@ -371,6 +379,23 @@ class Evaluator:
         for name, value in fields.items():
             setattr(alert, name, value)
         return alert
+
+    def _retire(self, rule: AlertRule, deployment: Deployment, key: catalog.Instance,
+                now: datetime) -> list[tuple[Alert, rule_states.Transition]]:
+        """The alert of an instance whose process was stopped on purpose, ended (resolved, if
+        it was notified); nothing when it had none."""
+        fingerprinted = fingerprint(self._labels(rule, deployment, key))
+        instance = self._instances.get((rule.pk, fingerprinted))
+        if instance is None or instance.state.state == AlertState.INACTIVE:
+            return []
+        alert = Alert.objects.filter(rule=rule, fingerprint=fingerprinted).first()
+        instance.state.state, instance.state.value = AlertState.INACTIVE, None
+        if alert is None:
+            return []
+        transition = rule_states.Transition(alert.state, AlertState.INACTIVE,
+                                            now.timestamp(), None)
+        alert.state, alert.value, alert.evaluated_at = AlertState.INACTIVE, None, now
+        return [(alert, transition)]
 
     def _stand_down(self, rules: list[AlertRule], now: datetime
                     ) -> list[tuple[Alert, rule_states.Transition]]:

@@ -18,7 +18,9 @@ def first_starts(planned: Any, processes: dict[str, ManagedProcess]) -> set[str]
     """Slots that are coming up for the first time since the deployment was started: not
     yet an outage. A restart after a crash counts (``restarts`` > 0)."""
     starting = set()
-    for slot in [*planned, "router"]:
+    # The process rows too: a rollout's green workers (``decode-0@r2``) are in no plan yet,
+    # and their first start fired WorkerDown while blue served.
+    for slot in {*planned, "router", *processes}:
         process = processes.get(slot)
         if process is None or (process.restarts == 0 and process.ready_at is None
                                and process.state != ManagedProcess.State.FAILED):

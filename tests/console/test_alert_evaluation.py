@@ -279,3 +279,39 @@ def test_an_episode_never_notified_resolves_without_a_notification(
     sent = sorted((d.payload["commonLabels"]["alertname"], d.status)
                   for d in Delivery.objects.all())
     assert sent == [("WorkerDown", "firing"), ("WorkerDown", "resolved")]
+
+
+def test_a_rollouts_green_start_and_retired_blue_raise_no_outage(deployment: Deployment) -> None:
+    """make up under a blue-green rollout: WorkerDown fired for green's workers while they
+    started (slots in no plan yet), and for blue's decode once it was stopped on purpose,
+    that one firing ever after since nothing evaluated it any more."""
+    _running(deployment, restarts=1)
+    for slot, role, state in (("prefill-0@r2", "prefill", ManagedProcess.State.STARTING),
+                              ("decode-0@r2", "decode", ManagedProcess.State.STARTING),
+                              ("decode-0@r1", "decode", ManagedProcess.State.READY)):
+        ManagedProcess.objects.create(deployment=deployment, slot=slot, role=role, port=1,
+                                      state=state, log_path="/dev/null",
+                                      ready_at=T0 if state == ManagedProcess.State.READY else None,
+                                      restarts=1 if slot.endswith("@r1") else 0)
+    evaluator = Evaluator(holder="a")
+    starting = {"prefill-0@r2": _entry("prefill", up=0), "decode-0@r2": _entry("decode", up=0)}
+    for second in range(3):
+        _sample(deployment, T0 + timedelta(seconds=second), prefill_0=_entry("prefill"),
+                decode_0=_entry("decode"), router=_entry("router", rps=0.0, rps_by_status={},
+                                                         ttft_p95=None),
+                **{k.replace("-", "_"): v for k, v in starting.items()},
+                decode_0_r1=_entry("decode", up=0))
+    # _sample turns "_" into "-": the @ of the slots is put back here.
+    for sample in MetricSample.objects.filter(deployment=deployment):
+        sample.data = {"processes": {k.replace("-r", "@r"): v
+                                     for k, v in sample.data["processes"].items()}}
+        sample.save(update_fields=["data"])
+    evaluator.tick(T0 + timedelta(seconds=3))
+    firing = {a.labels.get("process") for a in Alert.objects.filter(state=AlertState.FIRING)}
+    assert firing == {"decode-0@r1"}  # blue's decode down while it still counts
+    # Then blue is stopped on purpose: its alert ends at once, green's starts stay quiet.
+    ManagedProcess.objects.filter(slot="decode-0@r1").update(state=ManagedProcess.State.STOPPED)
+    evaluator.tick(T0 + timedelta(seconds=4))
+    assert not Alert.objects.filter(state=AlertState.FIRING).exists()
+    blue = Alert.objects.get(labels__process="decode-0@r1")
+    assert blue.state == AlertState.INACTIVE and blue.resolved_at is not None
