@@ -35,7 +35,10 @@ NOT_AN_EVENT = re.compile(r"\b(?:DEBUG|INFO|WARNING)\b")
 KINDS = (
     Kind("oom", re.compile(r"out of memory|OutOfMemory|\bOOM\b|Cannot allocate memory|"
                            r"MemoryError|oom-kill", re.IGNORECASE), FAIL),
-    Kind("kv_transfer", re.compile(r"KV load fail|kv_load_failure|NIXL.*(?:fail|timed? ?out)|"
+    # kv_load_failure, not the flag kv_load_failure_policy of every worker's configuration
+    # dump (it made every healthy PD start's report warn of "KV transfer lines").
+    Kind("kv_transfer", re.compile(r"KV load fail|kv_load_failure(?!_policy)|"
+                                   r"NIXL.*(?:fail|timed? ?out)|"
                                    r"(?:KV|transfer|handshake).*(?:timed out|timeout)|"
                                    r"(?:prefill|decode)_retried|retrying (?:prefill|decode)",
                                    re.IGNORECASE), WARN),

@@ -450,6 +450,13 @@ def test_a_report_whose_job_never_finished_does_not_block_the_next(stack: Stack,
     ("INFO 12-04 10:00:03 [logger.py:7] KV load failure for request 7, recomputing", "kv_transfer"),
     ("ERROR 12-04 10:00:04 [server.py:3] EngineDeadError", "error"),
     ("INFO 12-04 10:00:05 [api.py:1] 200 OK", None),
+    # make up's healthy start: vLLM's configuration dump and pdserve's start header.
+    ("(Worker pid=8159) INFO 12-05 17:21:06 [example_connector.py:107] KVTransferConfig("
+     "kv_connector='PdserveSharedStorageConnector', kv_role='kv_consumer', "
+     "enable_permute_local_kv=False, kv_load_failure_policy='fail')", None),
+    ("=== pdserve 2026-12-05T17:19:53+00:00 starting decode-0@r2: python -m vllm "
+     '--kv-transfer-config {"kv_connector_extra_config":{},"kv_load_failure_policy":"fail"}',
+     None),
 ])
 def test_log_lines_are_told_apart(line: str, kind: str | None) -> None:
     found = classify(line)
