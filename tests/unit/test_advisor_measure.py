@@ -93,7 +93,11 @@ def test_measure_prints_speeds_the_simulator_reads(stub_url: str, capsys: pytest
     # Longer prompts cost more; a decode step costs about the stub's per-token sleep.
     assert speeds.prefill_ms(1, 2000) > speeds.prefill_ms(1, 100)
     assert 1.5 <= speeds.decode_step_ms(1, 64) <= 10
-    assert speeds.handoff_ms(2000) >= 0
+    # The hand-off was timed at each prompt length (writing and reading its KV bytes takes
+    # time), and the simulator reads those very points back.
+    table = result["speeds"]["handoff_ms"]
+    assert table["tokens"] == [100, 2000] and all(ms > 0 for ms in table["ms"]), table
+    assert speeds.handoff_ms(2000) == pytest.approx(table["ms"][1])
     assert f"Bearer {KEY}" in StubVllm.seen_auth
     assert list(tmp_path.iterdir()) == []  # the hand-off's file is removed
 
