@@ -18,7 +18,10 @@ app = Celery("pdserve")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # The modules that define tasks, imported when a worker starts.
 app.conf.imports = ("console.catalog.hashing", "console.quantization.builder", "console.quality.measure",
-                    "console.verification.execution")
+                    "console.verification.execution", "console.advisor.speed_runs")
+# The tasks node agents run, which `manage.py agent` registers itself.
+AGENT_TASK_MODULES = ("console.catalog.copies", "console.control.agent_tasks",
+                      "console.fleet.agent_calls")
 
 # The filesystem transport expects its folders to exist, in the sender as in the worker.
 for _key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
