@@ -6,11 +6,14 @@ a directory under the data directory unless REDIS_URL is set (console/settings.p
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 from django.conf import settings
+from django.db.models import QuerySet
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -30,3 +33,17 @@ for _key in ("data_folder_in", "data_folder_out", "processed_folder", "control_f
         Path(_folder).mkdir(parents=True, exist_ok=True)
 if str(getattr(settings, "CELERY_RESULT_BACKEND", "")).startswith("file://"):
     Path(settings.CELERY_RESULT_BACKEND.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+
+
+log = logging.getLogger("pdserve.jobs")
+
+
+def queue_or_mark(task: Task, row_id: int, rows: QuerySet[Any], **failed: Any) -> None:
+    """Queue ``task`` for the row ``row_id`` of ``rows``. A broker that cannot be reached must
+    not leave the row waiting for a job that never comes: the row gets ``failed`` and the
+    error instead."""
+    try:
+        task.delay(row_id)
+    except Exception as exc:  # each kombu transport fails in its own way
+        log.warning("could not queue %s for row %s: %s", task.name, row_id, exc)
+        rows.filter(pk=row_id).update(error=f"could not queue the job: {exc}"[:1000], **failed)

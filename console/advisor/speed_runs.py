@@ -24,7 +24,7 @@ from django.utils import timezone
 from console.advisor.models import SpeedProfile
 from console.audit.entries import record, snapshot
 from console.catalog.models import Variant
-from console.celery import app
+from console.celery import app, queue_or_mark
 from console.fleet.models import Node
 from console.quality.servers import served
 from console.supervisor import process_requests
@@ -69,11 +69,7 @@ def queue(node: Node, variant: Variant, user: AbstractBaseUser | None) -> SpeedP
 
 
 def _send(profile_id: int) -> None:
-    try:
-        measure_speeds.delay(profile_id)
-    except Exception as exc:  # a broker that cannot be reached must not lose the row's state
-        SpeedProfile.objects.filter(pk=profile_id).update(
-            state=State.FAILED, error=f"could not queue the job: {exc}"[:1000])
+    queue_or_mark(measure_speeds, profile_id, SpeedProfile.objects.all(), state=State.FAILED)
 
 
 @app.task(name="advisor.measure_speeds", ignore_result=True)

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from console.audit.entries import record, snapshot
 from console.catalog.models import Variant
-from console.celery import app
+from console.celery import app, queue_or_mark
 from console.fleet.models import Node
 from console.quality.models import VariantMeasurement
 from console.quality.servers import served
@@ -82,11 +82,8 @@ def queue_measurement(variant: Variant, node: Node, dtype: str = "bfloat16") -> 
 
 
 def _send(measurement_id: int) -> None:
-    try:
-        measure_variant.delay(measurement_id)
-    except Exception as exc:  # a broker that cannot be reached must not lose the row's state
-        VariantMeasurement.objects.filter(pk=measurement_id).update(
-            state=State.FAILED, error=f"could not queue the job: {exc}"[:1000])
+    queue_or_mark(measure_variant, measurement_id, VariantMeasurement.objects.all(),
+                  state=State.FAILED)
 
 
 @app.task(name="quality.measure_variant", ignore_result=True)

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from kombu.exceptions import OperationalError
 
 from console.audit.entries import record, snapshot
 from console.catalog.models import BaseModel, QuantizationJob, Variant
+from console.celery import queue_or_mark
 from console.quantization.builder import quantize_variant, reap_orphans
 from inference.quantization.calibration import DEFAULT_FILE
 from inference.quantization.options import (
@@ -22,8 +21,6 @@ from inference.quantization.options import (
     default_method,
     resolve,
 )
-
-log = logging.getLogger("pdserve.catalog")
 
 State = QuantizationJob.State
 # What the audit log shows of a job: what was asked for, and whether it was cancelled.
@@ -94,12 +91,8 @@ def _refuse_conflicts(base: BaseModel, name: str, path: Path) -> None:
 
 
 def _send(job_id: int) -> None:
-    try:
-        quantize_variant.delay(job_id)
-    except OperationalError as exc:
-        log.warning("could not queue quantization job %s: %s", job_id, exc)
-        QuantizationJob.objects.filter(pk=job_id, state=State.QUEUED).update(
-            state=State.FAILED, error=f"could not queue the job: {exc}", finished_at=timezone.now())
+    queue_or_mark(quantize_variant, job_id, QuantizationJob.objects.filter(state=State.QUEUED),
+                  state=State.FAILED, finished_at=timezone.now())
 
 
 def cancel_job(job: QuantizationJob) -> QuantizationJob:

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.audit.entries import record
+from console.celery import queue_or_mark
 from console.deployments.models import Deployment
 from console.verification.execution import run_verification
 from console.verification.models import VerificationReport
@@ -120,9 +121,5 @@ def send_when_ready(report: VerificationReport, ready: bool) -> bool:
 
 
 def _send(report_id: int) -> None:
-    try:
-        run_verification.delay(report_id)
-    except Exception as exc:  # a broker that cannot be reached must not leave the row queued
-        VerificationReport.objects.filter(pk=report_id).update(
-            state=State.ERROR, error=f"could not queue the job: {exc}"[:1000],
-            finished_at=timezone.now())
+    queue_or_mark(run_verification, report_id, VerificationReport.objects.all(),
+                  state=State.ERROR, finished_at=timezone.now())
