@@ -272,7 +272,9 @@ def stalls(obs: Observations) -> Diagnosis:
         evidence.append(Evidence(f"{slot} ran requests but generated no token for {seconds:.0f} s "
                                  f"from {at:%H:%M:%S}", "metrics", at, obs.metrics_url,
                                  strong=True))
-        hung += 2
+        # Seconds with no token at all outweigh prompts computed on decode (interference,
+        # 2): a prefill chunk pauses streams for a step, not for STALL_S seconds.
+        hung += 3
     for hit in obs.logs_of(logs.MID_STREAM):
         evidence.append(log_evidence(hit))
         hung += 1

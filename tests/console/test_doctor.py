@@ -393,6 +393,18 @@ def test_a_decode_that_stops_mid_stream_is_named(deployment: Deployment) -> None
     assert "generated no token for 15 s" in texts and "spikes" in texts
 
 
+def test_a_stall_on_a_decode_that_also_computed_prompts_is_a_hung_worker_first(
+        deployment: Deployment) -> None:
+    # Seen live: prompts computed on decode earlier in the minute (pd_adaptive keeps short
+    # ones local) tied interference with the hang, and the hang was not named first.
+    samples(deployment, 60, lambda age: {
+        "decode-0": worker("decode", running=4, gen_tps=0.0)} if age < 12 else {
+        "decode-0": worker("decode", running=4, prompt_tps=900.0)})
+    found = doctor(deployment)
+    assert_named(found, "stalls", "hung-worker")
+    assert "prefill-interference" in [c["id"] for c in found["stalls"]["causes"]]
+
+
 def test_a_decode_stopped_with_streams_running_is_a_stall(deployment: Deployment) -> None:
     # SIGSTOP: the stopped server answers no /metrics until it goes on.
     samples(deployment, 60, lambda age: {"decode-0": {"role": "decode", "up": 0}}
