@@ -24,6 +24,18 @@ def _seen(report: VerificationReport) -> dict[str, object]:
     return {"report": report.pk, "state": report.state, "verdict": report.verdict}
 
 
+def _green_options(rollout: Rollout) -> dict[str, object]:
+    """The default sweep, and green's NIXL side channels (base slot -> port, chosen with its
+    ports when the rollout was made): not in the plan before the promotion, so the report
+    learns them from here."""
+    options: dict[str, object] = verification.options()
+    if rollout.green.spec.get("kv_channel") == "nixl":
+        options["green_side_channels"] = {
+            slot: ports["side_channel_port"] for slot, ports in rollout.green_ports.items()
+            if ports.get("side_channel_port")}
+    return options
+
+
 class GreenVerification:
     """The runner's part for green's report; ``_store_progress``, ``_rollback_weights`` and
     ``_sync_router`` are the runner's own."""
@@ -34,7 +46,7 @@ class GreenVerification:
             try:
                 report = verification.queue_verification(
                     rollout.deployment, VerificationReport.Trigger.GREEN,
-                    revision=rollout.green.number)
+                    revision=rollout.green.number, run_options=_green_options(rollout))
             except verification.VerificationRefused:  # another report runs: asked again
                 return WAITING
             Rollout.objects.filter(pk=rollout.pk).update(verification=report)

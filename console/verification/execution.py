@@ -64,9 +64,10 @@ def run_report(report_id: int, listener: Listener | None = None) -> Verification
 
 def _sections(report: VerificationReport, listener: Listener | None) -> list[dict[str, Any]]:
     deployment: Deployment = report.deployment
-    subject = subject_of(deployment, report.revision
-                         if report.trigger == VerificationReport.Trigger.GREEN else None)
     options = report.options
+    green = report.trigger == VerificationReport.Trigger.GREEN
+    subject = subject_of(deployment, report.revision if green else None,
+                         options.get("green_side_channels") if green else None)
     size = SweepSize(lengths=int(options.get("lengths", SweepSize.lengths)),
                      concurrencies=int(options.get("concurrencies", SweepSize.concurrencies)))
     stress_s = float(options.get("stress_s", DEFAULT_HOLD_S))

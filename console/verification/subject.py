@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from console.deployments.models import Deployment
@@ -58,11 +59,13 @@ class Subject:
         return [(p.url, d.url) for p in self.role("prefill") for d in self.role("decode")]
 
 
-def subject_of(deployment: Deployment, green: int | None = None) -> Subject:
+def subject_of(deployment: Deployment, green: int | None = None,
+               green_side_channels: Mapping[str, int] | None = None) -> Subject:
     """The deployment's planned workers and router; ``green``: a rollout's green revision's
     workers instead (its process rows, ``prefill-0@r<green>``, on the ports chosen for the
     rollout), for the report a rollout asks before it promotes green. Green's NIXL side
-    channels are not in the plan yet, so its report checks none."""
+    channels are not in the plan until the promotion: the rollout names them
+    (``green_side_channels``, base slot -> port, in the report's options)."""
     rows = {p.slot: p for p in ManagedProcess.objects.filter(deployment=deployment)}
     planned = list(deployment.workers.select_related("node").order_by("role", "index"))
     mode = deployment.mode
@@ -79,17 +82,20 @@ def subject_of(deployment: Deployment, green: int | None = None) -> Subject:
         # green worker runs on the node of the planned worker of its base slot.
         nodes = {w.slot: w.node for w in planned}
         suffix = f"@r{green}"
-        found = []
+        found, channels = [], []
         for slot, row in sorted(rows.items(), key=lambda item: (item[1].role, item[0])):
             if not slot.endswith(suffix) or row.port is None:
                 continue
-            node = nodes.get(slot.removesuffix(suffix))
+            base = slot.removesuffix(suffix)
+            node = nodes.get(base)
             found.append(Endpoint(slot=slot, role=row.role, host=row.host, port=row.port,
                                   process_id=row.pk,
                                   node_memory_bytes=node.memory_bytes if node else 0,
                                   node=node.name if node else ""))
+            if base in (green_side_channels or {}):
+                channels.append((slot, row.host, int((green_side_channels or {})[base])))
         workers = tuple(found)
-        side = ()
+        side = tuple(channels)
         # A revision may switch between colocated and PD.
         mode = "colocated" if any(w.role == "colocated" for w in workers) else "pd"
     router_url = router_address(deployment)

@@ -25,6 +25,7 @@ from console.rollouts.machine import TransitionRefused
 from console.rollouts.models import Revision, Rollout
 from console.supervisor.models import ManagedProcess
 from console.verification.models import VerificationReport
+from console.verification.services import options as verification_options
 from console.verification.subject import subject_of
 from tests.console.sockets import free_port
 from tests.console.tiny_models import make_plan, make_startable, register, running
@@ -414,6 +415,8 @@ def test_blue_is_drained_only_after_greens_own_report_passed(
     assert {w.slot: w.port for w in subject.workers} == {
         f"{slot}@r2": ports["port"] for slot, ports in rollout.green_ports.items()}
     assert {w.slot for w in subject_of(rollout.deployment).workers} == {"prefill-0", "decode-0"}
+    # Shared storage: no side channel to check.
+    assert "green_side_channels" not in report.options and subject.side_channels == ()
 
     assert _step(rollout).state == State.WARM  # still running
     _finish(report, "warn")  # warnings pass
@@ -435,6 +438,25 @@ def test_a_green_whose_own_report_fails_is_rolled_back_even_when_promoted(
     assert rollout.weights == {"1": 100, "2": 0}
     assert rollout.reason == (f"green r2's verification #{rollout.verification.pk} did not "
                               "pass (failing sections: stress)")
+
+
+def test_greens_report_checks_greens_own_nixl_side_channels(
+        verified: Rollout, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("console.verification.services.run_verification.delay", lambda _: None)
+    green = verified.to_revision
+    Revision.objects.filter(pk=green.pk).update(spec={**green.spec, "kv_channel": "nixl"})
+    rollout = _step(_to_warm(verified))
+    report = rollout.verification
+    assert report is not None
+    chosen = {slot: ports["side_channel_port"] for slot, ports in rollout.green_ports.items()}
+    assert report.options["green_side_channels"] == chosen
+    assert report.options["lengths"] == verification_options()["lengths"]  # the default sweep
+    subject = subject_of(rollout.deployment, 2, report.options["green_side_channels"])
+    assert {(slot, port) for slot, _, port in subject.side_channels} == {
+        (f"{slot}@r2", port) for slot, port in chosen.items()}
+    # None of them is blue's: the plan's side channels are another report's.
+    blue = {w.side_channel_port for w in rollout.deployment.workers.all()}
+    assert not set(chosen.values()) & blue
 
 
 def test_in_place_cannot_verify_green_alone(two_pairs: Deployment, tmp_path: Path) -> None:
