@@ -1,5 +1,6 @@
-"""Resources: each worker's memory against its node's, at idle and under load, and KV cache
-usage; read from the metrics collector's 1 s samples (console/live/collector.py)."""
+"""Resources: each worker's memory against its node's, its GPU memory against its GPUs' (on
+CUDA), at idle and under load, and KV cache usage; read from the metrics collector's 1 s
+samples (console/live/collector.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ GIB = 1 << 30
 # length, the KV cache size or the model's loading needs a change.
 WARN_SHARE, FAIL_SHARE = 0.75, 0.90
 KV_WARN = 0.95
+# vLLM takes --gpu-memory-utilization (0.9 by default) of each GPU at start for weights,
+# activations and the KV cache, so about 90 % at idle is a healthy worker; past these shares the
+# GPU is near out of memory (another process on it, or a utilization set too high).
+GPU_WARN_SHARE, GPU_FAIL_SHARE = 0.95, 0.99
 
 Sample = dict[str, dict[str, Any]]
 
@@ -62,6 +67,11 @@ def resources(subject: Subject, idle: Sample, loaded: list[Sample]) -> Section:
                                                 "peak": 0.0})
         node["idle"] += float(rss_idle or 0)
         node["peak"] += float(peak if peak is not None else rss_idle or 0)
+        if worker.gpu_memory_bytes or series(loaded, worker.slot, "gpu_mem"):
+            _gpu(section, worker.slot, worker.gpu_memory_bytes,
+                 idle.get(worker.slot, {}).get("gpu_mem"),
+                 max(series(loaded, worker.slot, "gpu_mem"), default=None),
+                 workers[worker.slot])
         if kv_peak is not None and kv_peak >= KV_WARN:
             section.add(f"KV cache {worker.slot}", WARN,
                         f"{worker.slot}: KV cache {kv_peak:.0%} full under the sweep (requests "
@@ -85,3 +95,26 @@ def resources(subject: Subject, idle: Sample, loaded: list[Sample]) -> Section:
                     f"idle, {peak_share:.0%} under load", **numbers)
     section.numbers = {"workers": workers}
     return section
+
+
+def _gpu(section: Section, slot: str, capacity: int, idle: float | None, peak: float | None,
+         numbers: dict[str, Any]) -> None:
+    """One worker's GPU memory (the driver's per-process accounting) against its GPUs'."""
+    gpu = {"gpu_idle_gib": _gib(idle), "gpu_peak_gib": _gib(peak),
+           "gpu_memory_gib": _gib(capacity or None)}
+    numbers.update(gpu)
+    held = peak if peak is not None else idle
+    if held is None:
+        section.add(f"GPU memory {slot}", WARN, f"{slot}: the GPU driver lists no memory of "
+                    "its processes (no NVIDIA driver where the collector runs?)")
+        return
+    if not capacity:
+        section.add(f"GPU memory {slot}", WARN, f"{slot}: holds {held / GIB:.1f} GiB of GPU "
+                    "memory on GPUs the plan does not name", **gpu)
+        return
+    share = held / capacity
+    verdict = FAIL if share >= GPU_FAIL_SHARE else WARN if share >= GPU_WARN_SHARE else PASS
+    section.add(f"GPU memory {slot}", verdict,
+                f"{slot}: {share:.0%} of its GPUs' {capacity / GIB:.1f} GiB "
+                f"({(idle or 0) / GIB:.1f} GiB at idle, {held / GIB:.1f} GiB at most under load)",
+                gpu_share=round(share, 3), **gpu)

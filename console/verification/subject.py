@@ -22,6 +22,8 @@ class Endpoint:
     process_id: int | None
     node_memory_bytes: int = 0
     node: str = ""
+    # The memory of the GPUs it runs on (0: a CPU worker).
+    gpu_memory_bytes: int = 0
 
     @property
     def url(self) -> str:
@@ -67,13 +69,17 @@ def subject_of(deployment: Deployment, green: int | None = None,
     channels are not in the plan until the promotion: the rollout names them
     (``green_side_channels``, base slot -> port, in the report's options)."""
     rows = {p.slot: p for p in ManagedProcess.objects.filter(deployment=deployment)}
-    planned = list(deployment.workers.select_related("node").order_by("role", "index"))
+    planned = list(deployment.workers.select_related("node").prefetch_related("node__gpus")
+                   .order_by("role", "index"))
+    gpu_memory = {w.slot: sum(g.memory_bytes for g in w.node.gpus.all() if g.index in w.gpu_tuple())
+                  for w in planned}
     mode = deployment.mode
     if green is None:
         workers = tuple(
             Endpoint(slot=w.slot, role=w.role, host=w.host, port=w.port,
                      process_id=rows[w.slot].pk if w.slot in rows else None,
-                     node_memory_bytes=w.node.memory_bytes, node=w.node.name)
+                     node_memory_bytes=w.node.memory_bytes, node=w.node.name,
+                     gpu_memory_bytes=gpu_memory[w.slot])
             for w in planned)
         side = tuple((w.slot, w.host, w.side_channel_port) for w in planned
                      if w.side_channel_port and deployment.kv_channel == "nixl")
@@ -91,7 +97,8 @@ def subject_of(deployment: Deployment, green: int | None = None,
             found.append(Endpoint(slot=slot, role=row.role, host=row.host, port=row.port,
                                   process_id=row.pk,
                                   node_memory_bytes=node.memory_bytes if node else 0,
-                                  node=node.name if node else ""))
+                                  node=node.name if node else "",
+                                  gpu_memory_bytes=gpu_memory.get(base, 0)))
             if base in (green_side_channels or {}):
                 channels.append((slot, row.host, int((green_side_channels or {})[base])))
         workers = tuple(found)

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from console.live.resources import TreeUsage
 from inference.launch import WorkerSpec, build_command
 from tests.console.sockets import free_port
 from tests.tiny_llama import TEST_CACHE_DIR
@@ -41,6 +42,7 @@ class Servers:
     router: str
     reference: str
     logs: Path
+    pids: dict[str, int]
 
 
 def gpu_indices() -> list[int]:
@@ -108,7 +110,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         # Ok once its warm-up hand-off went through NIXL.
         wait_ok(f"http://127.0.0.1:{ports['router']}/health", router, ok="ok")
         yield Servers(router=f"http://127.0.0.1:{ports['router']}",
-                      reference=f"http://127.0.0.1:{ports['reference']}", logs=logs)
+                      reference=f"http://127.0.0.1:{ports['reference']}", logs=logs,
+                      pids={name: process.pid for name, process in started.items()})
     finally:
         for process in processes:
             try:
@@ -136,3 +139,18 @@ def test_a_nixl_pair_on_gpus_answers_as_a_single_gpu_server(servers: Servers) ->
                   if "cuda-pd" in line and "timeline {" in line]
     assert timeline["kv"]["remote_engine_id"]
     assert timeline["kv"]["remote_num_tokens"] > 16
+
+
+def test_the_collector_reads_each_workers_gpu_memory_from_the_driver(servers: Servers) -> None:
+    """What the verification report's resources section holds against the plan's GPUs: each
+    worker tree's memory as the driver lists it (its engine's processes hold it, not the pid
+    started), about the 25 % each was given."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    usage = TreeUsage()
+    for name, pid in servers.pids.items():
+        held = usage.measure(pid).get("gpu_mem")
+        total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(
+            gpu_indices()[0])).total
+        assert held is not None and 0 < held < 0.5 * total, (name, held, total)
