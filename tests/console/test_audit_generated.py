@@ -290,6 +290,8 @@ CHANGES: dict[tuple[str, str], Change] = {
         "operator", lambda w: {"min_ratio": 0.5, "max_ratio": 2}, "autoscaling.ratio_band.update"),
     ("api/v1/deployments/{pk}/autoscaling/ratio-band/", "delete"): Change(
         "operator", _none, "autoscaling.ratio_band.delete"),
+    ("api/v1/deployments/{pk}/autoscaling/ratio-band/from-advice/", "post"): Change(
+        "operator", lambda w: dict(ADVISED_LOAD), "autoscaling.ratio_band.update"),
     # autoscaling pages (a new policy's entry: tests/console/test_autoscaling_pages.py)
     ("deployments/{name}/autoscaling/{role}/", "post"): Change(
         "operator", _policy_form, "autoscaling.policy.update"),
@@ -439,6 +441,7 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("api/v1/deployments/{pk}/autoscaling/{role}/", "patch"): _scaled,
     ("api/v1/deployments/{pk}/autoscaling/{role}/", "delete"): _scaled,
     ("api/v1/deployments/{pk}/autoscaling/ratio-band/", "delete"): _banded,
+    ("api/v1/deployments/{pk}/autoscaling/ratio-band/from-advice/", "post"): _advisable,
     ("deployments/{name}/autoscaling/{role}/", "post"): _scaled,
     ("deployments/{name}/autoscaling/{role}/mode/", "post"): _scaled,
 }

@@ -161,6 +161,7 @@ KINDS: dict[str, str] = {
     "api/v1/deployments/{pk}/rollback/": TEAM,
     "api/v1/deployments/{pk}/autoscaling/": TEAM,
     "api/v1/deployments/{pk}/autoscaling/ratio-band/": TEAM,
+    "api/v1/deployments/{pk}/autoscaling/ratio-band/from-advice/": TEAM,
     "api/v1/deployments/{pk}/autoscaling/{role}/": TEAM,
     "api/v1/deployments/{pk}/scaling-decisions/": TEAM,
     "api/v1/rollouts/": TEAM,

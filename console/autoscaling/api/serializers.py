@@ -27,6 +27,14 @@ class RatioBandSerializer(serializers.ModelSerializer):
         fields = ["min_ratio", "max_ratio"]
 
 
+class AdvisedBandSerializer(RatioBandSerializer):
+    splits = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                   help_text="the P:D splits the band spans, best first")
+
+    class Meta(RatioBandSerializer.Meta):
+        fields = ["min_ratio", "max_ratio", "splits"]
+
+
 class DecisionSerializer(serializers.ModelSerializer):
     class Meta:
         model = ScalingDecision

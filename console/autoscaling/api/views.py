@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -16,9 +16,13 @@ from rest_framework.views import APIView
 from console.accounts.models import Role
 from console.accounts.permissions import TeamRole
 from console.accounts.roles import visible
+from console.advisor.api.serializers import LoadQuerySerializer
+from console.advisor.forms import LoadForm
+from console.advisor.load_sources import LoadUnavailable
 from console.api_router import ID_PARAMETER
-from console.autoscaling import services
+from console.autoscaling import advised_band, services
 from console.autoscaling.api.serializers import (
+    AdvisedBandSerializer,
     AutoscalingSerializer,
     DecisionSerializer,
     PolicySerializer,
@@ -130,6 +134,35 @@ class RatioBandView(_OnDeployment):
         deployment = self.deployment(request, pk)
         services.delete_band(get_object_or_404(RatioBand, deployment=deployment))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RatioBandFromAdviceView(_OnDeployment):
+    """Set the P:D ratio band to the splits the topology advisor predicts best for a load
+    (within 5 % of the best split's goodput): the recorded window or a synthetic profile, as
+    the advice takes it."""
+
+    team_roles = {"post": Role.OPERATOR}
+    serializer_class = LoadQuerySerializer
+
+    @extend_schema(parameters=[ID_PARAMETER], request=LoadQuerySerializer,
+                   responses={200: AdvisedBandSerializer,
+                              409: OpenApiResponse(description="no advice to draw a band from; "
+                                                               "`advice` says why")})
+    def post(self, request: Request, pk: int) -> Response:
+        deployment = self.deployment(request, pk)
+        body = LoadQuerySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        form = LoadForm(body.validated_data)
+        if not form.is_valid():
+            return Response({f: [str(m) for m in ms] for f, ms in form.errors.items()},
+                            status=status.HTTP_400_BAD_REQUEST)
+        try:
+            band, splits = advised_band.band_from_advice(deployment, form)
+        except LoadUnavailable as exc:
+            return Response({exc.field: [str(exc)]}, status=status.HTTP_400_BAD_REQUEST)
+        except advised_band.BandRefused as exc:
+            return Response({exc.field: [str(exc)]}, status=status.HTTP_409_CONFLICT)
+        return Response({**RatioBandSerializer(band).data, "splits": splits})
 
 
 class DecisionList(generics.ListAPIView):
