@@ -46,6 +46,7 @@ SMOLLM2 = Path(os.environ.get("PDSERVE_TEST_MODEL_DIR",
 ADMIN_PASSWORD = "borrowed-admin-password"
 NAME = "borrowed-tiny"
 SERVED_MODEL_NAME = "tiny"
+STARTER_SECRETS = {"EMAIL_HOST_PASSWORD": "poison-mail-password", "HF_TOKEN": "poison-hf-token"}
 START_TIMEOUT_S = 420.0
 # How long the console may still call clean processes something other than ready.
 STATE_GRACE_S = 30.0
@@ -265,7 +266,10 @@ class BorrowedDeployment:
                # few dozen clients instead of a hundred.
                "PDSERVE_GATEWAY_MAX_QUEUE": "8",
                # tests/e2e/test_alerts_live.py's webhook receiver listens on 127.0.0.1.
-               "PDSERVE_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.1/32"}
+               "PDSERVE_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.1/32",
+               # Secrets of the starter that no worker may read (tests/e2e/test_worker_key.py);
+               # nothing here sends mail or reaches a hub.
+               **STARTER_SECRETS}
         for name in ("DATABASE_URL", "REDIS_URL"):
             env.pop(name, None)
         manage = [sys.executable, "manage.py"]
