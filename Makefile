@@ -13,8 +13,8 @@ up: install model migrate
 	$(PY) manage.py up
 
 # The console's suite runs on SQLite, the embedded default, and on PostgreSQL (127.0.0.1:5432,
-# trust auth), the database DATABASE_URL switches to, both at once (scripts/test-console.sh);
-# then every other suite. Not beside them: run at once with the vLLM suites (tried, at nice 10),
+# trust auth), the database DATABASE_URL switches to, both at once, and the unit suite after
+# SQLite's shorter run (scripts/test-console.sh); then every other suite. Not beside them: run at once with the vLLM suites (tried, at nice 10),
 # the console suite's timing tests failed and took 15 minutes instead of 4.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/pdserve
 
@@ -22,7 +22,7 @@ test: install model browser promtool netns
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run
 	PY=$(PY) scripts/test-console.sh $(TEST_DATABASE_URL)
-	$(PY) -m pytest --ignore=tests/console
+	$(PY) -m pytest --ignore=tests/console --ignore=tests/unit
 
 # The two environments install side by side: pip spends much of its time unpacking and writing
 # files, and the second core would otherwise sit idle for the quantization venv's minute and more.
