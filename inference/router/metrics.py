@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from inference.router.ratelimit import generated_estimate
-from inference.router.timeline import Timeline
+from inference.router.timeline import CLIENT_GONE, Timeline
 
 ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -99,7 +99,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Streams the client closed before the end; the worker request is aborted",
                ("endpoint",)),
     MetricSpec("kv_handoffs", Counter, "pdserve_router_kv_handoffs",
-               "Requests prefilled on one worker and decoded on another, by pair and outcome",
+               "Requests prefilled on one worker and decoded on another, by pair and outcome "
+               "(ok, failed, abandoned: the client left first)",
                ("prefill", "decode", "outcome", "revision")),
     MetricSpec("local_prefill", Counter, "pdserve_router_local_prefill",
                "Short prompts sent straight to decode, which prefilled them itself"),
@@ -222,7 +223,7 @@ class RouterMetrics:
             role = "colocated" if "decode_dispatched" in events else "none"
         self.requests.labels(timeline.endpoint, str(timeline.status), role, revision).inc()
         if timeline.prefill and timeline.decode:
-            outcome = "ok" if timeline.status == 200 and not timeline.error else "failed"
+            outcome = _handoff_outcome(timeline)
             self.kv_handoffs.labels(timeline.prefill, timeline.decode, outcome, revision).inc()
             if outcome == "ok" and "prefill_done" in events and "first_token" in events:
                 self.kv_handoff_seconds.labels(revision).observe(
@@ -273,3 +274,12 @@ class RouterMetrics:
                       self.adaptive_local_max_tokens, self.prefill_speed,
                       self.prefill_busy_fraction, self.prefill_tokens_in_flight):
             gauge.remove_by_labels({"revision": revision})
+
+
+def _handoff_outcome(timeline: Timeline) -> str:
+    """``ok``, ``failed``, or ``abandoned``: the client left (499) before the pair was done,
+    which says nothing of the hand-off. Counted as failed, every verification's streamed
+    checks (their clients close once they have read enough) showed a healthy pair failing."""
+    if timeline.status == CLIENT_GONE:
+        return "abandoned"
+    return "ok" if timeline.status == 200 and not timeline.error else "failed"

@@ -57,7 +57,7 @@ from inference.router.prompts import (
 )
 from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
 from inference.router.selection import SESSION_HEADER, Selector, session_key
-from inference.router.timeline import Timeline
+from inference.router.timeline import CLIENT_GONE, Timeline
 from inference.router.tokenizing import TokenizerBusy, Tokenizing, default_threads
 from inference.router.upstream import (
     BackendFailure,
@@ -414,7 +414,7 @@ class Router:
             # leaving cancels the calls to the workers, and vLLM aborts their requests.
             self.metrics.client_disconnects.labels(endpoint).inc()
             timeline.error = "client disconnected"
-            timeline.status = 499
+            timeline.status = CLIENT_GONE
             self._finish(timeline)
             raise
         if timeline.revision is not None and not response.prepared:

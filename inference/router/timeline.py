@@ -16,6 +16,10 @@ from typing import Any
 EVENTS = ("received", "prefill_queued", "prefill_dispatched", "prefill_retried", "prefill_done",
           "decode_dispatched", "decode_retried", "first_token", "migrated", "last_token")
 
+# nginx's status for a client that closed the connection before the answer was done: the
+# status a request's timeline ends with when its client goes away.
+CLIENT_GONE = 499
+
 
 @dataclass
 class Timeline:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -65,6 +66,32 @@ async def test_a_decode_dying_mid_stream_counts_a_failed_hand_off(
     assert await running.metric("pdserve_router_kv_handoffs_total",
                                 {"prefill": prefill.url, "decode": decode.url,
                                  "outcome": "failed"}) == 1
+
+
+async def test_a_client_that_leaves_mid_stream_abandons_the_hand_off_not_fails_it(
+        start_router: StartRouter, make_stub: MakeStub, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pdserve.router.timeline")
+    prefill, decode = await make_stub("prefill"), await make_stub("decode")
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl")
+    decode.stream_gate = asyncio.Event()  # decode holds the rest of its stream
+    response = await running.client.post(
+        "/v1/completions",
+        json={"model": MODEL, "prompt": "hello world", "max_tokens": 4, "stream": True})
+    assert response.status == 200
+    await response.content.readline()
+    response.close()  # as a verification's streamed check does once it has read enough
+    deadline = asyncio.get_running_loop().time() + 5
+    while not timelines(caplog):
+        assert asyncio.get_running_loop().time() < deadline, "no timeline after the client left"
+        await asyncio.sleep(0.05)
+    decode.stream_gate.set()
+    [line] = timelines(caplog)
+    assert (line["status"], line["error"]) == (499, "client disconnected")
+    pair = {"prefill": prefill.url, "decode": decode.url}
+    assert await running.metric("pdserve_router_kv_handoffs_total",
+                                {**pair, "outcome": "abandoned"}) == 1
+    assert await running.metric("pdserve_router_kv_handoffs_total",
+                                {**pair, "outcome": "failed"}) == 0
 
 
 async def test_a_prompt_within_one_block_goes_straight_to_decode(
