@@ -42,6 +42,7 @@ NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
 ROUTER_REQUESTS = "pdserve_router_requests_total"
 ROUTER_FIRST_BYTE = "pdserve_router_first_byte_seconds"
 ROUTER_PREFILL = "pdserve_router_prefill_seconds"
+ROUTER_KV_HANDOFF = "pdserve_router_kv_handoff_seconds"
 ROUTER_IN_FLIGHT = "pdserve_router_in_flight"
 ROUTER_FALLBACK = "pdserve_router_pd_fallback_total"
 ROUTER_BACKEND_ERRORS = "pdserve_router_backend_errors_total"
@@ -168,6 +169,8 @@ def router_stats(prev: Scrape | None, cur: Scrape) -> dict[str, Any]:
     """The router's numbers: client-facing rates and latencies, the KV hand-off, in-flight."""
     ttft_p50, ttft_p95 = _quantiles(prev, cur, ROUTER_FIRST_BYTE)
     handoff_p50, handoff_p95 = _quantiles(prev, cur, ROUTER_PREFILL)
+    # The hand-off alone: prefill's answer to decode's first token, no prompt computed in it.
+    [kv_handoff_p95] = _quantiles(prev, cur, ROUTER_KV_HANDOFF, (0.95,))
     in_flight: dict[str, dict[str, int]] = defaultdict(dict)
     for labels, value in cur.samples.get(ROUTER_IN_FLIGHT, []):
         in_flight[labels.get("role", "")][labels.get("backend", "")] = int(value)
@@ -176,7 +179,7 @@ def router_stats(prev: Scrape | None, cur: Scrape) -> dict[str, Any]:
         "rps": None if by_status is None else _round(math.fsum(by_status.values()), 3),
         "rps_by_status": by_status,
         "ttft_p50": ttft_p50, "ttft_p95": ttft_p95,
-        "handoff_p50": handoff_p50, "handoff_p95": handoff_p95,
+        "handoff_p50": handoff_p50, "handoff_p95": handoff_p95, "kv_handoff_p95": kv_handoff_p95,
         "fallback_ps": _round(_rate(prev, cur, ROUTER_FALLBACK), 3),
         "in_flight": dict(in_flight),
         "backend_errors_ps": _backend_error_rates(prev, cur),

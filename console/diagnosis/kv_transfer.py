@@ -64,10 +64,14 @@ def diagnose(obs: Observations) -> Diagnosis:
                                  obs.metrics_url, strong=True))
         slow += 2
 
-    handoff = mean(v for _, v in per_sample(recent, "handoff_p95", "router", max))
+    # The hand-off alone (prefill's answer to decode's first token): "prefill plus hand-off"
+    # held a 1,000-token prompt's prefill, half a second of SmolLM2 on a CPU core, and made a
+    # healthy pair's verification look like a slow channel.
+    handoff = mean(v for _, v in per_sample(recent, "kv_handoff_p95", "router", max))
     if handoff is not None and handoff > SLOW_HANDOFF_S:
-        evidence.append(Evidence(f"prefill plus hand-off p95 averages {handoff:.2f} s over the "
-                                 f"last {WINDOW_S // 60} minutes (more than {SLOW_HANDOFF_S} s)",
+        evidence.append(Evidence(f"KV hand-off p95 (prefill's answer to decode's first token) "
+                                 f"averages {handoff:.2f} s over the last {WINDOW_S // 60} "
+                                 f"minutes (more than {SLOW_HANDOFF_S} s)",
                                  "metrics", recent[-1].at, obs.metrics_url))
         slow += 1
     xfer = mean(v for _, v in per_sample(recent, "nixl_xfer_p50", "decode", max))

@@ -211,9 +211,23 @@ def test_a_backend_lost_and_restarted_is_named_from_the_routers_log_alone(
 
 
 # ---- 2: KV transfer --------------------------------------------------------------------------------
+def test_a_slow_prefill_is_not_a_slow_hand_off(deployment: Deployment) -> None:
+    # Seen on make up after a verification's sweep: 1,000-token prompts put "prefill plus
+    # hand-off" p95 over 0.5 s while the hand-off itself took 80 ms.
+    samples(deployment, 60, lambda age: {"router": router(deployment, handoff_p95=0.6,
+                                                          kv_handoff_p95=0.08)})
+    assert doctor(deployment)["kv-transfer-timeout"]["state"] == "not_seen"
+    MetricSample.objects.filter(deployment=deployment).delete()
+    samples(deployment, 60, lambda age: {"router": router(deployment, handoff_p95=0.9,
+                                                          kv_handoff_p95=0.7)})
+    found = doctor(deployment)["kv-transfer-timeout"]
+    assert found["state"] != "not_seen"
+    assert any("KV hand-off p95" in e["text"] for e in found["evidence"]), found["evidence"]
+
+
 def test_failing_kv_hand_offs_are_named(deployment: Deployment) -> None:
     samples(deployment, 60, lambda age: {} if age > 20 else {
-        "router": router(deployment, failed_now=1, handoff_p95=5.4,
+        "router": router(deployment, failed_now=1, handoff_p95=5.4, kv_handoff_p95=5.0,
                          backend_errors_ps={"decode kv_handoff": 1.0})})
     log(deployment, "decode-0",
         "ERROR 12-04 21:40:02 [scheduler.py:3418] Failing 1 request(s) due to KV load failure "

@@ -233,6 +233,17 @@ def test_router_rates_latencies_and_in_flight() -> None:
     assert stats["fallback_ps"] == 0.5
     assert stats["backend_errors_ps"] == {"decode ClientConnectorError": 1.0}
     assert "handoffs" not in stats  # the router of this build has no per-pair counter
+    assert stats["kv_handoff_p95"] is None  # nor the hand-off's own histogram
+
+
+def test_the_hand_off_alone_is_its_own_quantile() -> None:
+    def scrape(buckets: dict[str, int]) -> str:
+        return router_scrape(ok=1, prefill={"0.5": 4}) + histogram(
+            "pdserve_router_kv_handoff_seconds", "", buckets, 0.0, ROUTER_BOUNDS)
+
+    stats = router_stats(parse(scrape({"0.025": 2}), at=1.0),
+                         parse(scrape({"0.025": 2, "0.1": 4}), at=2.0))
+    assert stats["kv_handoff_p95"] == pytest.approx(0.05 + 0.05 * 3.8 / 4)
 
 
 def test_router_handoff_pairs() -> None:
