@@ -151,7 +151,7 @@ def _run_cli(profile: SpeedProfile, url: str, key_file: Path, kv_bytes: int | No
             row.refresh_from_db()
             if row.state == ManagedProcess.State.FAILED:
                 raise ProcessFailed(f"the measurement failed: {row.last_error}")
-            if row.started_at is not None and row.pid is None:
+            if process_requests.ended(row):
                 break  # it exited
             if time.monotonic() > deadline:
                 raise ProcessFailed(f"the measurement did not finish within {MEASURE_TIMEOUT_S:.0f} s")

@@ -113,7 +113,7 @@ class _Watch:
                 if self.record.pid and self.job.pid != self.record.pid:
                     self.job.pid = self.record.pid
                     QuantizationJob.objects.filter(pk=self.job.pk).update(pid=self.record.pid)
-                if self.record.started_at is not None and self.record.pid is None:
+                if process_requests.ended(self.record):
                     break  # it exited: the supervisor recorded how
                 if self.record.started_at is None and time.monotonic() > self._pickup_by:
                     process_requests.release(self.record)

@@ -67,6 +67,14 @@ def request(kind: str, slot: str, argv: list[str], env: dict[str, str], log_path
         raise ProcessFailed(f"{slot} is being requested by another process") from exc
 
 
+def ended(record: ManagedProcess) -> bool:
+    """Whether the supervisor started the process and recorded its end. Not ``pid is None``
+    alone: the supervisor marks the row started (``starting``, no pid yet) before it spawns,
+    and a builder's loop that polled in between concluded a job whose builder then ran on."""
+    return (record.started_at is not None and record.pid is None
+            and record.state in (State.STOPPED, State.FAILED))
+
+
 def wait_until(record: ManagedProcess, ready: bool, timeout_s: float) -> ManagedProcess:
     """Wait until the supervisor reports the process ready (``ready``) or ended; raise
     :class:`ProcessFailed` with the supervisor's reason when it ends otherwise than wanted."""

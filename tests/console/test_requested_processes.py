@@ -135,6 +135,26 @@ def test_a_builder_without_a_port_is_ready_at_once_and_done_when_it_exits(
     assert process_requests.wait_until(row, ready=False, timeout_s=1).state == State.STOPPED
 
 
+def test_a_process_has_ended_only_once_the_supervisor_recorded_its_exit(
+        supervisor: Supervisor, tmp_path: Path) -> None:
+    row = process_requests.request(Kind.BUILDER, "build-4",
+                                   [sys.executable, "-c", "import time; time.sleep(1)"],
+                                   {}, tmp_path / "b.log", None, role="builder")
+    assert not process_requests.ended(row)
+    # The supervisor claims the row (started, no pid yet) before it spawns: a builder job that
+    # polled in this window took it for an exit and failed while its builder ran on (seen in
+    # make test's quant suite).
+    ManagedProcess.objects.filter(pk=row.pk).update(started_at=timezone.now(),
+                                                    state=State.STARTING)
+    row.refresh_from_db()
+    assert row.pid is None and not process_requests.ended(row)
+    ManagedProcess.objects.filter(pk=row.pk).update(started_at=None, state=State.STOPPED)
+    tick_until(supervisor, row, State.READY)
+    assert not process_requests.ended(row)
+    tick_until(supervisor, row, State.STOPPED)
+    assert process_requests.ended(row)
+
+
 def test_a_request_nobody_takes_fails_naming_the_supervisor(db: None, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(process_requests, "PICKUP_TIMEOUT_S", 0.5)
