@@ -89,6 +89,7 @@ def subject_of(deployment: Deployment, green: int | None = None,
         nodes = {w.slot: w.node for w in planned}
         suffix = f"@r{green}"
         found, channels = [], []
+        green_channels = green_side_channels or {}
         for slot, row in sorted(rows.items(), key=lambda item: (item[1].role, item[0])):
             if not slot.endswith(suffix) or row.port is None:
                 continue
@@ -99,8 +100,8 @@ def subject_of(deployment: Deployment, green: int | None = None,
                                   node_memory_bytes=node.memory_bytes if node else 0,
                                   node=node.name if node else "",
                                   gpu_memory_bytes=gpu_memory.get(base, 0)))
-            if base in (green_side_channels or {}):
-                channels.append((slot, row.host, int((green_side_channels or {})[base])))
+            if base in green_channels:
+                channels.append((slot, row.host, int(green_channels[base])))
         workers = tuple(found)
         side = tuple(channels)
         # A revision may switch between colocated and PD.

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 from console.accounts.models import Role
 from console.accounts.permissions import TeamRole
 from console.accounts.roles import visible
+from console.advisor import services as advice_services
 from console.advisor.api.serializers import LoadQuerySerializer
 from console.advisor.forms import LoadForm
 from console.advisor.load_sources import LoadUnavailable
@@ -154,12 +155,11 @@ class RatioBandFromAdviceView(_OnDeployment):
         body.is_valid(raise_exception=True)
         form = LoadForm(body.validated_data)
         if not form.is_valid():
-            return Response({f: [str(m) for m in ms] for f, ms in form.errors.items()},
-                            status=status.HTTP_400_BAD_REQUEST)
+            return Response(advice_services.form_errors(form), status=status.HTTP_400_BAD_REQUEST)
         try:
             band, splits = advised_band.band_from_advice(deployment, form)
         except LoadUnavailable as exc:
-            return Response({exc.field: [str(exc)]}, status=status.HTTP_400_BAD_REQUEST)
+            return Response(advice_services.unavailable(exc), status=status.HTTP_400_BAD_REQUEST)
         except advised_band.BandRefused as exc:
             return Response({exc.field: [str(exc)]}, status=status.HTTP_409_CONFLICT)
         return Response({**RatioBandSerializer(band).data, "splits": splits})
