@@ -332,6 +332,10 @@ class BorrowedDeployment:
         try:
             body = handle.deployment()
             if plan_of(body) != self._plan:
+                changed = sorted(k for k in {*plan_of(body), *self._plan}
+                                 if plan_of(body).get(k) != self._plan.get(k))
+                print(f"borrowed: the plan changed ({', '.join(changed)}): restarting it",
+                      file=sys.stderr)
                 self._stop(handle)
                 _expect(handle.call("PUT", f"/api/v1/deployments/{handle.deployment_id}/",
                                     json=plan_body(self._plan)), 200)

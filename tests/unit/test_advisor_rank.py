@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.advisor.candidates import candidates, rank
+from inference.advisor.candidates import TIE_RTOL, candidates, rank
 from inference.advisor.errors import InputError
 from inference.advisor.goodput import Slo
 from inference.advisor.load import profile_from_json
@@ -72,3 +72,19 @@ def test_the_ranking_is_the_same_for_the_same_seeds() -> None:
     assert first == again
     assert {r.topology for r in first} == set(candidates(3, 1))
     assert all(len(r.goodput_by_seed) == len(SEEDS) for r in first)
+
+
+def test_a_tie_goes_to_fewer_servers() -> None:
+    """A light load every candidate serves within the SLOs: their goodputs differ only by when
+    the last answer lands, and the topology with the fewest servers is recommended even where
+    a bigger one's goodput comes out a little higher."""
+    profile = profile_from_json({"streams": [
+        {"rate_per_s": 2, "requests": 60, "prompt_tokens": [32, 96], "output_tokens": [16, 64]}]})
+    ranked = rank(profile, SPEEDS, Slo(ttft_ms=1000, tpot_ms=100), devices=2, seeds=SEEDS)
+    assert all(r.summary.attained == 1.0 for r in ranked)
+    assert ranked[0].topology == Topology(colocated=1)
+    highest = max(r.summary.goodput_rps for r in ranked)
+    assert highest > ranked[0].summary.goodput_rps  # the tie rule, not the goodput, picked it
+    assert ranked[0].summary.goodput_rps >= highest * (1 - TIE_RTOL)
+    assert [r.topology.servers for r in ranked] == sorted(r.topology.servers for r in ranked)
+
