@@ -48,7 +48,7 @@ def advice_lines(deployment: Deployment, advice: dict[str, Any], page_url: str) 
         confidence = row["confidence"]
         lines.append(
             f"  {rank}. {row['topology']:<14} {row['goodput_rps']:.2f} req/s within the SLOs "
-            f"({row['slo_attained']:.0%} of requests; best in {confidence['best_in']} of "
+            f"({row['slo_attained']:.0%} of requests; tied best in {confidence['best_in']} of "
             f"{confidence['seeds']} draws)" + (f"  <- {', '.join(marks)}" if marks else ""))
     best = rows[0]
     if not advice["switch"]:

@@ -6,8 +6,9 @@ all the devices: colocated with N servers, and PD with every P:D split of up to 
 
 Confidence: each seed draws a new workload (new arrivals, the length samples resampled), and
 every candidate is simulated on the same draws. Reported per candidate: goodput's range over
-the seeds, and in how many seeds it had the highest goodput of all. (A replayed trace with
-fixed lengths draws the same workload every time: its seeds agree and say nothing more.)
+the seeds, and in how many seeds it was tied for the highest goodput (within ``TIE_RTOL``).
+(A replayed trace with fixed lengths draws the same workload every time: its seeds agree and
+say nothing more.)
 
 Ties: goodput within ``TIE_RTOL`` of a better candidate's is a tie, and a tie goes to fewer
 servers, then colocated before PD. When candidates both serve the whole load within the SLOs,
@@ -52,7 +53,7 @@ class Ranked:
     topology: Topology
     summary: Summary  # over all seeds' requests pooled
     goodput_by_seed: tuple[float, ...]
-    best_in: int  # seeds in which its goodput was the highest (ties count for each)
+    best_in: int  # seeds in which it was tied for the highest goodput (within TIE_RTOL)
 
 
 def pooled(outcomes: Sequence[Outcome]) -> Outcome:
@@ -68,7 +69,7 @@ def rank(profile: LoadProfile, speeds: Speeds, slo: Slo, devices: int,
     workloads = [profile.draw(seed) for seed in seeds]
     outcomes = [[simulate(w, t, speeds) for w in workloads] for t in topologies]
     by_seed = np.array([[summarize(o, slo).goodput_rps for o in row] for row in outcomes])
-    best = np.isclose(by_seed, by_seed.max(axis=0), rtol=1e-9, atol=0.0)
+    best = by_seed >= by_seed.max(axis=0) * (1 - TIE_RTOL)
     ranked = [Ranked(t, summarize(pooled(row), slo), tuple(float(g) for g in by_seed[i]),
                      int(best[i].sum()))
               for i, (t, row) in enumerate(zip(topologies, outcomes, strict=True))]

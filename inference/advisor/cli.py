@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
           "(vLLM's definition, at the load's offered rate)")
     print(table(ranked, len(seeds)))
     best = ranked[0]
-    print(f"recommended: {best.topology.label} (highest goodput in {best.best_in} of {len(seeds)} seeds)")
+    print(f"recommended: {best.topology.label} (tied for the highest goodput in {best.best_in} of "
+          f"{len(seeds)} seeds)")
     if best.summary.attained < ATTAINMENT:
         # DistServe's goodput is the highest rate at which 90% meet the SLOs: then it is below
         # this load's rate on every candidate, and the table ranks overloaded topologies.
