@@ -178,9 +178,10 @@ def router(label: str, backends: list[str], args: argparse.Namespace,
     return start(argv, {}, workdir / f"router-{port}.log")
 
 
-def measure_speeds(url: str, args: argparse.Namespace, workdir: Path,
+def measure_speeds(url: str, neighbour: str, args: argparse.Namespace, workdir: Path,
                    processes: list[subprocess.Popen[bytes]]) -> Path:
-    """The console's measurement (the CLI's default grid) on one colocated server of one core."""
+    """The console's measurement (the CLI's default grid) on one colocated server of one core,
+    with the second server on the other core as its neighbour."""
     print("[advisor_check] measuring speeds with `python -m inference.advisor measure`", flush=True)
     kv_dir = Path(tempfile.mkdtemp(prefix="advisor-check-measure-", dir="/dev/shm"))
     # K and V of every layer for one token, as console/advisor/speed_runs.py computes it.
@@ -190,7 +191,7 @@ def measure_speeds(url: str, args: argparse.Namespace, workdir: Path,
                 * (4 if args.dtype == "float32" else 2))
     log = workdir / "measure.log"
     argv = [sys.executable, "-m", "inference.advisor", "measure", "--url", url, "--kv-dir",
-            str(kv_dir), "--kv-bytes-per-token", str(kv_bytes)]
+            str(kv_dir), "--kv-bytes-per-token", str(kv_bytes), "--neighbour-url", neighbour]
     processes.append(start(argv, {"PYTHONPATH": str(REPO)}, log))
     try:
         processes[-1].wait(timeout=1800)
@@ -312,7 +313,7 @@ def main() -> int:
     try:
         for url in urls:
             wait_ready(url, timeout_s=900)
-        speeds_path = args.speeds or measure_speeds(urls[0], args, workdir, processes)
+        speeds_path = args.speeds or measure_speeds(urls[0], urls[1], args, workdir, processes)
         ranked = predict(all_mixes, speeds_path, slo, args, workdir)
         run_candidate("colocated x1", urls[:1], 1, processes)
         run_candidate("colocated x2", urls, 2, processes)

@@ -1,6 +1,8 @@
 """Measuring one variant's speeds on a node, on demand, for the advisor: a Celery task asks the
 supervisor (console/supervisor/process_requests.py), which alone spawns processes, first for the
-variant's vLLM server and then for ``python -m inference.advisor measure`` against it. The task
+variant's vLLM server (and, on a node of two cores or more, a second one on another core, the
+neighbour whose steps slow the first's) and then for ``python -m inference.advisor measure``
+against them. The task
 follows the measurement's log into the row (its progress) and stores the speeds it prints."""
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -111,30 +115,49 @@ def _measure(profile: SpeedProfile) -> dict[str, Any]:
     log_dir = Path(settings.PDSERVE_LOG_DIR) / "advisor"
     log_dir.mkdir(parents=True, exist_ok=True)
     dtype = "bfloat16"
-    # One core of the node, as the variant measurements use: one server's speeds.
-    cores = (node.cpu_ids[-1],) if node.cpu_ids else ()
-    server = ReferenceServer(model_path=variant.path, port=0, dtype=dtype, cores=cores,
-                             cache_dir=str(settings.PDSERVE_CACHE_DIR),
-                             enforce_eager=settings.PDSERVE_ENFORCE_EAGER)
-    with served(server, ManagedProcess.Kind.MEASUREMENT, f"advisor-{profile.pk}-server",
-                log_dir / f"{profile.pk}-server.log") as process:
-        key_file = log_dir / f"{profile.pk}.key"
-        key = process_key(process) or ""
-        # Created 0600 before the key is written: the key never sits in a readable file.
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(key)
-        try:
-            return _run_cli(profile, process.url, key_file, kv_bytes_per_token(variant, dtype),
-                            log_dir / f"{profile.pk}-measure.log")
-        finally:
-            key_file.unlink(missing_ok=True)
+    # One core of the node, as the variant measurements use: one server's speeds. A second
+    # server on another core is the neighbour whose steps slow this one's (speeds.py).
+    cores = list(node.cpu_ids[-2:]) if node.cpu_ids else []
+
+    def server(core: int | None, name: str) -> AbstractContextManager[ManagedProcess]:
+        spec = ReferenceServer(model_path=variant.path, port=0, dtype=dtype,
+                               cores=(core,) if core is not None else (),
+                               cache_dir=str(settings.PDSERVE_CACHE_DIR),
+                               enforce_eager=settings.PDSERVE_ENFORCE_EAGER)
+        return served(spec, ManagedProcess.Kind.MEASUREMENT, f"advisor-{profile.pk}-{name}",
+                      log_dir / f"{profile.pk}-{name}.log")
+
+    with ExitStack() as stack:
+        process = stack.enter_context(server(cores[-1] if cores else None, "server"))
+        neighbour = (stack.enter_context(server(cores[0], "neighbour")) if len(cores) > 1
+                     else None)
+        key_file = stack.enter_context(_key_file(log_dir / f"{profile.pk}.key", process))
+        neighbour_key = (stack.enter_context(_key_file(log_dir / f"{profile.pk}-neighbour.key",
+                                                       neighbour))
+                         if neighbour is not None else None)
+        return _run_cli(profile, process.url, key_file, kv_bytes_per_token(variant, dtype),
+                        log_dir / f"{profile.pk}-measure.log",
+                        (neighbour.url, neighbour_key) if neighbour and neighbour_key else None)
+
+
+@contextmanager
+def _key_file(path: Path, process: ManagedProcess) -> Iterator[Path]:
+    # Created 0600 before the key is written: the key never sits in a readable file.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(process_key(process) or "")
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _run_cli(profile: SpeedProfile, url: str, key_file: Path, kv_bytes: int | None,
-             log_path: Path) -> dict[str, Any]:
+             log_path: Path, neighbour: tuple[str, Path] | None = None) -> dict[str, Any]:
     argv = [sys.executable, "-m", "inference.advisor", "measure", "--url", url,
             "--key-file", str(key_file)]
+    if neighbour is not None:
+        argv += ["--neighbour-url", neighbour[0], "--neighbour-key-file", str(neighbour[1])]
     if kv_bytes:
         argv += ["--kv-dir", str(Path(settings.PDSERVE_KV_DIR) / "advisor-measure"),
                  "--kv-bytes-per-token", str(kv_bytes)]

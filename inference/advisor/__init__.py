@@ -31,8 +31,9 @@ What the model leaves out, so a prediction can be wrong in these directions:
 - the router: requests are spread by least-outstanding only; its own latency, tokenization,
   retries and ``pd_adaptive``'s per-request choices (short prompts decoded where they
   arrive) are not simulated, so PD here is every request through prefill;
-- servers on one machine do not slow each other (shared memory bandwidth, caches, the host's
-  other processes), and a server never fails, restarts or warms up;
+- servers on one machine slow each other by one measured factor whenever their steps overlap
+  (``speeds.py``'s ``neighbour``), whatever the neighbour's batch or prompt; a server never
+  fails, restarts or warms up;
 - the output length is what the load says: no early end of sequence, no ``max_tokens`` cut;
 - streaming: a token is seen the moment its step ends; no network or coalescing of tokens.
 """

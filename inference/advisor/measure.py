@@ -11,6 +11,9 @@ Everything goes through the server's HTTP API (``/v1/models``, ``/tokenize``,
   of one output token; the extra time over the extra tokens is one step at that batch;
 - interference: a decode stream's longest token gap while a ``tokens`` prompt is prefilled on
   the same server, over that prompt's prefill plus one decode step measured alone;
+- neighbour (only with ``--neighbour-url``, a second server of the same model on another core
+  of the node): the decode step at the largest batch and shortest context again, while the
+  second server decodes a batch as large without pause, over the step alone;
 - KV hand-off (only with ``--kv-dir`` and ``--kv-bytes-per-token``): writing, syncing and reading
   back a prompt's KV bytes in the shared-storage channel's directory, which is what that
   channel does per prompt. Without them no hand-off is reported; the caller supplies one.
@@ -45,6 +48,8 @@ TIMEOUT_S = 600.0
 KEY_ENV = "PDSERVE_MEASURE_KEY"
 DECODE_TOKENS = 32
 STREAM_TOKENS = 64
+# Each of the neighbour's requests: short, so that it stops soon after the measurement.
+NEIGHBOUR_TOKENS = 64
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -132,12 +137,7 @@ def decode_grid(server: Server, batches: list[int], contexts: list[int]) -> dict
     for batch in batches:
         row = []
         for context in contexts:
-            one = concurrently(server, batch, context, 1)
-            many = concurrently(server, batch, context, DECODE_TOKENS)
-            if many <= one:
-                raise GateError(f"{server.url}: {DECODE_TOKENS} tokens took no longer than one "
-                                f"(batch {batch}, context {context})")
-            row.append(round((many - one) / (DECODE_TOKENS - 1), 3))
+            row.append(round(decode_step(server, batch, context), 3))
             emit("progress", stage="decode", batch=batch, context=context, ms=row[-1])
         rows.append(row)
     return {"batch": batches, "context": contexts, "ms": rows}
@@ -163,6 +163,41 @@ def interference(server: Server, tokens: list[int], prefill: dict[str, Any],
     return {"tokens": tokens, "factor": factors}
 
 
+def decode_step(server: Server, batch: int, context: int) -> float:
+    one = concurrently(server, batch, context, 1)
+    many = concurrently(server, batch, context, DECODE_TOKENS)
+    if many <= one:
+        raise GateError(f"{server.url}: {DECODE_TOKENS} tokens took no longer than one "
+                        f"(batch {batch}, context {context})")
+    return (many - one) / (DECODE_TOKENS - 1)
+
+
+def neighbour(server: Server, other: Server, decode: dict[str, Any], repeats: int) -> dict[str, Any]:
+    batch, context = decode["batch"][-1], decode["context"][0]
+    alone = decode["ms"][-1][0]
+    stop = threading.Event()
+
+    def keep_busy() -> int:
+        done = 0
+        while not stop.is_set():
+            done += other.complete(other.prompt(context), NEIGHBOUR_TOKENS)
+        return done
+
+    with ThreadPoolExecutor(max_workers=batch) as pool:
+        busy = [pool.submit(keep_busy) for _ in range(batch)]
+        try:
+            other.complete(other.prompt(8), 1)  # the neighbour is up and its batch admitted
+            steps = [decode_step(server, batch, context) for _ in range(repeats)]
+        finally:
+            stop.set()
+        tokens = sum(future.result() for future in busy)  # a failed neighbour raises here
+    if not tokens:
+        raise GateError(f"{other.url}: the neighbour generated no tokens while measured beside")
+    factor = round(max(statistics.median(steps) / alone, 1e-3), 3)
+    emit("progress", stage="neighbour", batch=batch, context=context, factor=factor)
+    return {"factor": factor}
+
+
 def handoff(kv_dir: Path, bytes_per_token: int, tokens: list[int]) -> dict[str, Any]:
     kv_dir.mkdir(parents=True, exist_ok=True)
     path = kv_dir / f"advisor-handoff-{os.getpid()}.bin"
@@ -185,8 +220,9 @@ def handoff(kv_dir: Path, bytes_per_token: int, tokens: list[int]) -> dict[str, 
 
 def measure(url: str, key: str | None, prompt_tokens: list[int], batches: list[int],
             contexts: list[int], repeats: int = 1, kv_dir: Path | None = None,
-            kv_bytes_per_token: int | None = None) -> dict[str, Any]:
-    """The speeds JSON of speeds.py, from the server at ``url``."""
+            kv_bytes_per_token: int | None = None, neighbour_url: str | None = None,
+            neighbour_key: str | None = None) -> dict[str, Any]:
+    """The speeds JSON of speeds.py, from the server at ``url`` (and ``neighbour_url``)."""
     with httpx.Client(timeout=TIMEOUT_S, headers=bearer(key)) as client:
         server = Server(client, url)
         server.complete(server.prompt(8), 4)  # a cold server's first request pays one-time costs
@@ -194,6 +230,10 @@ def measure(url: str, key: str | None, prompt_tokens: list[int], batches: list[i
         decode = decode_grid(server, batches, contexts)
         speeds: dict[str, Any] = {"prefill_ms": prefill, "decode_step_ms": decode,
                                   "interference": interference(server, prompt_tokens, prefill, decode)}
+        if neighbour_url is not None:
+            with httpx.Client(timeout=TIMEOUT_S, headers=bearer(neighbour_key)) as other_client:
+                speeds["neighbour"] = neighbour(server, Server(other_client, neighbour_url), decode,
+                                                repeats)
     if kv_dir is not None and kv_bytes_per_token:
         speeds["handoff_ms"] = handoff(kv_dir, kv_bytes_per_token, prompt_tokens)
     return speeds
@@ -210,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--contexts", type=sizes, default=[128, 1024])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--key-file", type=Path, help=f"a file holding the server's key (or ${KEY_ENV})")
+    parser.add_argument("--neighbour-url", help="a second server of the same model on another core: "
+                                                "measure how much it slows this one's steps")
+    parser.add_argument("--neighbour-key-file", type=Path, help="a file holding the second server's key")
     parser.add_argument("--kv-dir", type=Path, help="the shared-storage KV channel's directory")
     parser.add_argument("--kv-bytes-per-token", type=int,
                         help="the model's KV cache bytes per token (all layers, K and V)")
@@ -223,9 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         key = args.key_file.read_text().strip() if args.key_file else os.environ.get(KEY_ENV)
+        neighbour_key = (args.neighbour_key_file.read_text().strip()
+                         if args.neighbour_key_file else None)
         speeds = measure(args.url.rstrip("/"), key or None, args.prompt_tokens,
                          args.batches, args.contexts, max(args.repeats, 1), args.kv_dir,
-                         args.kv_bytes_per_token)
+                         args.kv_bytes_per_token,
+                         args.neighbour_url.rstrip("/") if args.neighbour_url else None,
+                         neighbour_key or None)
     except (GateError, httpx.HTTPError, OSError) as exc:
         emit("error", message=str(exc))
         return 2

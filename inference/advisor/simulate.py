@@ -6,6 +6,8 @@ the router's ``least_outstanding`` policy does. Colocated: it is prefilled and d
 server. PD: it queues on a prefill server, then after the hand-off time it joins the running
 batch of a decode server, which emits its first token with its next step (the router streams
 decode's tokens, so TTFT = prefill queue + prefill + hand-off + decode's first step).
+Every server is on one node: a step that starts while another server is mid-step costs the
+measured neighbour factor more (speeds.py), whichever pool the other is in.
 
 Nothing is random here: the same workload and speeds give the same result.
 """
@@ -81,6 +83,8 @@ class Simulation:
         else:
             self.entry = Pool("prefill", topology.prefill, speeds)
             self.decode = Pool("decode", topology.decode, speeds)
+        self.servers = self.entry.servers + (self.decode.servers if self.decode is not self.entry
+                                             else [])
         self.events: list[tuple[float, int, int, object]] = []
         self._order = itertools.count()
         self._starting: set[Server] = set()
@@ -103,7 +107,15 @@ class Simulation:
         self._starting.discard(server)
         server.step = server.plan()
         if server.step is not None:
+            if self.speeds.neighbour_factor != 1.0 and self._beside_another(server):
+                server.step.seconds *= self.speeds.neighbour_factor
             self._push(now + server.step.seconds, STEP_END, server)
+
+    def _beside_another(self, server: Server) -> bool:
+        """Another server is mid-step, or starts one at this same instant (its start event is
+        still queued, but the two steps run side by side)."""
+        return any(other.step is not None or (other in self._starting and other.outstanding())
+                   for other in self.servers if other is not server)
 
     def run(self, workload: Workload) -> Outcome:
         requests = [Request(float(a), int(p), int(o)) for a, p, o in

@@ -10,6 +10,7 @@ A speeds file (JSON), every time in milliseconds:
                          "ms": [[29, 31], [35, 40], [46, 55]]},
       "handoff_ms": {"tokens": [128, 1024], "ms": [4, 15]},
       "interference": {"tokens": [128, 1024], "factor": [1.0, 1.2]},
+      "neighbour": {"factor": 1.4},
       "batching": {"max_num_batched_tokens": 2048, "max_num_seqs": 128,
                    "chunked_prefill": true, "prefill_server_chunked_prefill": false}
     }
@@ -30,6 +31,13 @@ A speeds file (JSON), every time in milliseconds:
   further (caches, memory bandwidth); below 1 the decode tokens ride along (a GPU's spare
   compute). Measure it as a decode stream's token gap while a prompt of ``tokens`` is prefilled
   on the same server, over the two alone.
+- ``neighbour`` (optional, factor 1 when left out): a step that starts while another server
+  of the node is in the middle of one takes ``factor`` times its cost. On a machine whose every
+  core runs an engine, the servers' API servers, their busy-polling engine processes, the
+  router and the clients take their CPU from the engines' steps, and memory bandwidth is
+  shared; the other measurements are of one server with the rest of the machine to itself.
+  Measure it as one server's decode step while a second server, on another core, decodes a
+  batch of its own, over the step alone.
 - ``batching``: the servers' scheduler settings; the defaults are vLLM's for a CPU OpenAI
   server (``vllm/engine/arg_utils.py``, 0.32): 2,048 tokens and 128 requests a step, chunked
   prefill on. pdserve's PD prefill servers run without chunked prefill under the
@@ -46,10 +54,18 @@ from typing import Any
 
 from inference.advisor.curves import Curve, Grid
 from inference.advisor.errors import InputError
-from inference.advisor.fields import boolean, integer, known_keys, mapping, numbers, read_json
+from inference.advisor.fields import (
+    boolean,
+    integer,
+    known_keys,
+    mapping,
+    number,
+    numbers,
+    read_json,
+)
 
 TOP_LEVEL = {"devices_per_server", "prefill_ms", "decode_step_ms", "handoff_ms", "interference",
-             "batching"}
+             "neighbour", "batching"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,7 @@ class Speeds:
     interference: Curve  # the step's prefill tokens -> factor
     batching: Batching = Batching()
     devices_per_server: int = 1
+    neighbour_factor: float = 1.0  # a step beside another server's step costs this much more
 
     def prefill_ms(self, prompts: int, tokens: int) -> float:
         return self.prefill(prompts, tokens)
@@ -132,6 +149,14 @@ def _batching(value: Any) -> Batching:
             "batching.prefill_server_chunked_prefill"))
 
 
+def _neighbour(value: Any) -> float:
+    value = mapping(value, "neighbour")
+    known_keys(value, {"factor"}, "neighbour")
+    if "factor" not in value:
+        raise InputError("neighbour.factor", "missing")
+    return number(value["factor"], "neighbour.factor", above=True)
+
+
 def speeds_from_json(value: Any) -> Speeds:
     value = mapping(value, "speeds")
     known_keys(value, TOP_LEVEL, "")
@@ -153,6 +178,7 @@ def speeds_from_json(value: Any) -> Speeds:
         handoff=_curve(value["handoff_ms"], "handoff_ms", "tokens", "ms"),
         interference=interference,
         batching=_batching(value.get("batching", {})),
+        neighbour_factor=_neighbour(value["neighbour"]) if "neighbour" in value else 1.0,
         devices_per_server=integer(value.get("devices_per_server", 1), "devices_per_server",
                                    minimum=1))
 

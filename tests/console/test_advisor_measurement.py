@@ -38,8 +38,10 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     @contextmanager
     def served(server: Any, kind: str, slot: str, log_path: Path) -> Iterator[Any]:
-        requests.append({"kind": kind, "slot": slot})
-        yield SimpleNamespace(url="http://127.0.0.1:9", kind=kind, slot=slot, deployment_id=None)
+        requests.append({"kind": kind, "slot": slot, "cores": server.cores})
+        port = 9 if slot.endswith("-server") else 11
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}", kind=kind, slot=slot,
+                              deployment_id=None)
 
     def request(kind: str, slot: str, argv: list[str], env: dict[str, str], log_path: Path,
                 port: int | None, role: str) -> ManagedProcess:
@@ -69,14 +71,29 @@ def test_the_result_is_stored_with_its_progress(plan: Deployment,
     done = speed_runs.run(profile.pk)
     assert done.state == SpeedProfile.State.DONE, done.error
     assert done.speeds == SPEEDS and done.progress == [PROGRESS]
-    server, cli = asked[1], asked[2]
-    assert server["kind"] == cli["kind"] == ManagedProcess.Kind.MEASUREMENT
+    server, neighbour, cli = asked[1], asked[2], asked[3]
+    assert server["kind"] == neighbour["kind"] == cli["kind"] == ManagedProcess.Kind.MEASUREMENT
+    # One core each, the measured server's and its neighbour's, both of the node.
+    node = plan.workers.get(role="decode").node
+    assert server["cores"] == (node.cpu_ids[-1],) and neighbour["cores"] == (node.cpu_ids[-2],)
     assert cli["argv"][1:4] == ["-m", "inference.advisor", "measure"]
     assert cli["argv"][cli["argv"].index("--url") + 1] == "http://127.0.0.1:9"
+    assert cli["argv"][cli["argv"].index("--neighbour-url") + 1] == "http://127.0.0.1:11"
     assert cli["port"] is None
-    # The server's key went through a file, gone once the run ended.
-    key_file = Path(cli["argv"][cli["argv"].index("--key-file") + 1])
-    assert not key_file.exists()
+    # The servers' keys went through files, gone once the run ended.
+    for flag in ("--key-file", "--neighbour-key-file"):
+        assert not Path(cli["argv"][cli["argv"].index(flag) + 1]).exists()
+
+
+def test_a_node_of_one_core_is_measured_without_a_neighbour(
+        plan: Deployment, asked: list[dict[str, Any]]) -> None:
+    node = plan.workers.get(role="decode").node
+    node.cpu_ids = node.cpu_ids[:1]
+    node.save()
+    asked.append({"lines": [json.dumps({"event": "result", "speeds": SPEEDS})]})
+    assert speed_runs.run(queued(plan).pk).state == SpeedProfile.State.DONE
+    assert [a["slot"].rsplit("-", 1)[-1] for a in asked[1:]] == ["server", "measure"]
+    assert "--neighbour-url" not in asked[-1]["argv"]
 
 
 def test_an_error_line_fails_the_row(plan: Deployment, asked: list[dict[str, Any]]) -> None:

@@ -117,3 +117,62 @@ def test_unreachable_server_is_one_error_line(capsys: pytest.CaptureFixture[str]
 def test_one_prompt_length_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["measure", "--url", "http://127.0.0.1:9", "--prompt-tokens", "100"]) == 2
     assert events(capsys.readouterr().out)[-1]["field"] == "--prompt-tokens"
+
+
+class ContendedStub(StubVllm):
+    """Two of these share the machine: a token costs ``SLOWER`` times more while the other
+    server is busy with a request."""
+
+    SLOWER = 2.0
+    active: dict[int, int] = {}  # port -> requests being answered
+
+    def do_POST(self) -> None:
+        if self.path == "/tokenize":
+            super().do_POST()
+            return
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        port = self.server.server_address[1]
+        ContendedStub.active[port] = ContendedStub.active.get(port, 0) + 1
+        streamed = bool(body.get("stream"))
+        try:
+            time.sleep(len(body["prompt"]) * PREFILL_S_PER_TOKEN)
+            if streamed:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+            for _ in range(body["max_tokens"]):
+                others = sum(n for p, n in ContendedStub.active.items() if p != port)
+                time.sleep(DECODE_S_PER_TOKEN * (self.SLOWER if others else 1.0))
+                if streamed:
+                    self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\n')
+                    self.wfile.flush()
+        finally:
+            ContendedStub.active[port] -= 1
+        if streamed:
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.close_connection = True
+        else:
+            self._json({"usage": {"completion_tokens": body["max_tokens"]}})
+
+
+def test_a_neighbour_busy_on_the_machine_is_measured_as_its_factor(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), ContendedStub) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    url, neighbour = (f"http://127.0.0.1:{s.server_address[1]}" for s in servers)
+    try:
+        assert cli.main(["measure", "--url", url, "--neighbour-url", neighbour,
+                         "--prompt-tokens", "50,100", "--batches", "1,2", "--contexts", "32",
+                         "--repeats", "1"]) == 0
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    found = events(capsys.readouterr().out)
+    assert any(e.get("stage") == "neighbour" for e in found)
+    speeds = found[-1]["speeds"]
+    # Alone a token costs the stub's sleep; beside the busy neighbour twice that.
+    assert 1.6 <= speeds["neighbour"]["factor"] <= 2.4, speeds
+    with_handoff = {**speeds, "handoff_ms": {"tokens": [0], "ms": [1]}}  # none measured here
+    assert speeds_from_json(with_handoff).neighbour_factor == speeds["neighbour"]["factor"]

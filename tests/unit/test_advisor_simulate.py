@@ -104,6 +104,33 @@ def test_requests_spread_over_colocated_servers() -> None:
     assert result.tpot_s == pytest.approx([0.02, 0.02])
 
 
+def test_a_step_beside_another_servers_step_costs_the_neighbour_factor() -> None:
+    slowed = speeds(neighbour={"factor": 1.5})
+    both = simulate(load((0.0, 100, 3), (0.0, 100, 3)), Topology(colocated=2), slowed)
+    # Each server's prefill (100 ms) and two decode steps (20 ms) all run beside the other's.
+    assert both.ttft_s == pytest.approx([0.15, 0.15])
+    assert both.tpot_s == pytest.approx([0.03, 0.03])
+    # Apart in time, neither is slowed: the second arrives after the first has finished.
+    apart = simulate(load((0.0, 100, 3), (1.0, 100, 3)), Topology(colocated=2), slowed)
+    assert apart.ttft_s == pytest.approx([0.1, 0.1])
+    assert apart.tpot_s == pytest.approx([0.02, 0.02])
+    # One server has no neighbour.
+    alone = simulate(load((0.0, 100, 3)), COLOCATED, slowed)
+    assert alone.ttft_s == pytest.approx([0.1])
+
+
+def test_an_idle_prefill_server_does_not_slow_decode() -> None:
+    # PD: prefill (100 ms) runs while decode is idle, then decode's steps run while prefill
+    # idles: nothing is slowed. A second prompt prefilled during the first's decode steps is.
+    result = simulate(load((0.0, 100, 3)), PD, speeds(neighbour={"factor": 1.5}))
+    assert result.ttft_s == pytest.approx([0.13])
+    assert result.e2e_s == pytest.approx([0.17])
+    busy = simulate(load((0.0, 100, 5), (0.11, 100, 2)), PD, speeds(neighbour={"factor": 1.5}))
+    # The second prompt's prefill starts at 0.11 s beside decode's idle moment: decode's first
+    # step starts at 0.11 s too, after the prefill's step began, so it is slowed (30 ms).
+    assert busy.ttft_s[0] == pytest.approx(0.14)
+
+
 def test_the_same_workload_gives_the_same_result() -> None:
     work = load(*[(i * 0.05, 50 + 37 * i % 300, 1 + i % 9) for i in range(40)])
     first, second = (simulate(work, PD, speeds()) for _ in range(2))

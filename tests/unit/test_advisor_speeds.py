@@ -79,6 +79,9 @@ def test_an_axis_left_out_means_the_cost_does_not_depend_on_it() -> None:
     (lambda d: d.update(batching={"chunked": False}), "batching.chunked: unknown field"),
     (lambda d: d.update(prefil_ms={}), "prefil_ms: unknown field"),
     (lambda d: d.update(devices_per_server=1.5), "devices_per_server: expected a whole number"),
+    (lambda d: d.update(neighbour={"factor": 0}), "neighbour.factor: must be above 0"),
+    (lambda d: d.update(neighbour={}), "neighbour.factor: missing"),
+    (lambda d: d.update(neighbour={"factor": 1.2, "batch": 4}), "neighbour.batch: unknown field"),
 ])
 def test_a_bad_speeds_file_names_the_field(change: Any, where: str) -> None:
     data = valid()
