@@ -12,8 +12,8 @@ Everything goes through the server's HTTP API (``/v1/models``, ``/tokenize``,
 - interference: a decode stream's longest token gap while a ``tokens`` prompt is prefilled on
   the same server, over that prompt's prefill plus one decode step measured alone;
 - neighbour (only with ``--neighbour-url``, a second server of the same model on another core
-  of the node): the decode step at the largest batch and shortest context again, while the
-  second server decodes a batch as large without pause, over the step alone;
+  of the node): the median gap between streamed tokens at the largest batch and shortest
+  context, while the second server streams a batch as large without pause, over the gap alone;
 - KV hand-off (only with ``--kv-dir`` and ``--kv-bytes-per-token``): writing, syncing and reading
   back a prompt's KV bytes in the shared-storage channel's directory, which is what that
   channel does per prompt. Without them no hand-off is reported; the caller supplies one.
@@ -165,44 +165,58 @@ def interference(server: Server, tokens: list[int], prefill: dict[str, Any],
     return {"tokens": tokens, "factor": factors}
 
 
-def decode_step(server: Server, batch: int, context: int, tokens: int = DECODE_TOKENS) -> float:
+def decode_step(server: Server, batch: int, context: int) -> float:
     # A small model's step is a few milliseconds, within the noise of a busy machine: a pair
     # where the longer answer came no later is taken again before it counts as an error.
     for _ in range(DECODE_ATTEMPTS):
         one = concurrently(server, batch, context, 1)
-        many = concurrently(server, batch, context, tokens)
+        many = concurrently(server, batch, context, DECODE_TOKENS)
         if many > one:
-            return (many - one) / (tokens - 1)
-    raise GateError(f"{server.url}: {tokens} tokens took no longer than one "
+            return (many - one) / (DECODE_TOKENS - 1)
+    raise GateError(f"{server.url}: {DECODE_TOKENS} tokens took no longer than one "
                     f"(batch {batch}, context {context}), {DECODE_ATTEMPTS} times")
 
 
+def stream_gap(server: Server, batch: int, context: int, tokens: int) -> float:
+    """The median gap between streamed tokens of ``batch`` streams at once, in milliseconds."""
+    prompts = [server.prompt(context) for _ in range(batch)]
+    with ThreadPoolExecutor(max_workers=batch) as pool:
+        streams = list(pool.map(lambda prompt: server.token_times(prompt, tokens, threading.Event()),
+                                prompts))
+    gaps = [b - a for times in streams for a, b in zip(times, times[1:], strict=False)]
+    if not gaps:
+        raise GateError(f"{server.url}: {batch} streams of {tokens} tokens came in one chunk each")
+    return statistics.median(gaps) * 1000
+
+
 def neighbour(server: Server, other: Server, decode: dict[str, Any], repeats: int) -> dict[str, Any]:
-    """The step alone and beside the busy neighbour, each over answers of ``NEIGHBOUR_STEP_TOKENS``
-    (longer than the grid's: the neighbour's load makes a short pair noisy)."""
+    """Streamed, as clients are served: the gap between tokens alone, and beside the neighbour
+    streaming a batch as large. Streaming is where most of the host's work per token is (the
+    API servers' detokenizing and sending, the router's and the clients' reading), and a busy
+    neighbour takes its share of the cores from it."""
     batch, context = decode["batch"][-1], decode["context"][0]
-    alone = statistics.median(decode_step(server, batch, context, NEIGHBOUR_STEP_TOKENS)
+    alone = statistics.median(stream_gap(server, batch, context, NEIGHBOUR_STEP_TOKENS)
                               for _ in range(repeats))
     stop = threading.Event()
 
     def keep_busy() -> int:
         done = 0
         while not stop.is_set():
-            done += other.complete(other.prompt(context), NEIGHBOUR_TOKENS)
+            done += len(other.token_times(other.prompt(context), NEIGHBOUR_TOKENS, threading.Event()))
         return done
 
     with ThreadPoolExecutor(max_workers=batch) as pool:
         busy = [pool.submit(keep_busy) for _ in range(batch)]
         try:
             other.complete(other.prompt(8), 1)  # the neighbour is up and its batch admitted
-            steps = [decode_step(server, batch, context, NEIGHBOUR_STEP_TOKENS)
-                     for _ in range(repeats)]
+            beside = statistics.median(stream_gap(server, batch, context, NEIGHBOUR_STEP_TOKENS)
+                                       for _ in range(repeats))
         finally:
             stop.set()
         tokens = sum(future.result() for future in busy)  # a failed neighbour raises here
     if not tokens:
         raise GateError(f"{other.url}: the neighbour generated no tokens while measured beside")
-    factor = round(max(statistics.median(steps) / alone, 1e-3), 3)
+    factor = round(max(beside / alone, 1e-3), 3)
     emit("progress", stage="neighbour", batch=batch, context=context, factor=factor)
     return {"factor": factor}
 
