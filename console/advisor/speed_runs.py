@@ -2,8 +2,8 @@
 supervisor (console/supervisor/process_requests.py), which alone spawns processes, first for the
 variant's vLLM server (and, on a node of two cores or more, a second one on another core, the
 neighbour whose steps slow the first's) and then for ``python -m inference.advisor measure``
-against them. The task
-follows the measurement's log into the row (its progress) and stores the speeds it prints."""
+against them. The task follows the measurement's log into the row (its progress) and stores the
+speeds it prints."""
 
 from __future__ import annotations
 
