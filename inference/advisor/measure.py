@@ -12,8 +12,9 @@ Everything goes through the server's HTTP API (``/v1/models``, ``/tokenize``,
 - interference: a decode stream's longest token gap while a ``tokens`` prompt is prefilled on
   the same server, over that prompt's prefill plus one decode step measured alone;
 - neighbour (only with ``--neighbour-url``, a second server of the same model on another core
-  of the node): the mean gap between streamed tokens at the largest batch and shortest
-  context, while the second server streams a batch as large without pause, over the gap alone;
+  of the node): the time per streamed token (a stream from its request to its last chunk) at
+  the largest batch and shortest context, while the second server streams a batch as large
+  without pause, over the same alone;
 - KV hand-off (only with ``--kv-dir`` and ``--kv-bytes-per-token``): writing, syncing and reading
   back a prompt's KV bytes in the shared-storage channel's directory, which is what that
   channel does per prompt. Without them no hand-off is reported; the caller supplies one.
@@ -178,18 +179,22 @@ def decode_step(server: Server, batch: int, context: int) -> float:
 
 
 def stream_gap(server: Server, batch: int, context: int, tokens: int) -> float:
-    """The mean gap between streamed tokens of ``batch`` streams at once (the median over the
-    streams), in milliseconds. The mean, not the median gap: a small model's engine runs ahead
-    of its API server, whose chunks then come in bursts a few microseconds apart (the median
-    gap of a tiny model's stream read 72x slower beside a neighbour)."""
+    """Milliseconds per streamed token of ``batch`` streams at once (the median over the
+    streams): from sending the request to its last chunk, over its chunks. Whole streams, not
+    the gaps between chunks: a small model's engine runs ahead of its API server, whose chunks
+    then come in bursts microseconds apart (gap ratios of 72x and 5,771x were read that way)."""
     prompts = [server.prompt(context) for _ in range(batch)]
+
+    def per_token(prompt: list[int]) -> float | None:
+        begun = time.perf_counter()
+        times = server.token_times(prompt, tokens, threading.Event())
+        return (times[-1] - begun) / len(times) if times else None
+
     with ThreadPoolExecutor(max_workers=batch) as pool:
-        streams = list(pool.map(lambda prompt: server.token_times(prompt, tokens, threading.Event()),
-                                prompts))
-    means = [(times[-1] - times[0]) / (len(times) - 1) for times in streams if len(times) > 1]
-    if not means:
-        raise GateError(f"{server.url}: {batch} streams of {tokens} tokens came in one chunk each")
-    return statistics.median(means) * 1000
+        streams = [ms for ms in pool.map(per_token, prompts) if ms is not None]
+    if not streams:
+        raise GateError(f"{server.url}: {batch} streams of {tokens} tokens sent no chunk")
+    return statistics.median(streams) * 1000
 
 
 def neighbour(server: Server, other: Server, decode: dict[str, Any], repeats: int) -> dict[str, Any]:
