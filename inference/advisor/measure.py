@@ -12,9 +12,8 @@ Everything goes through the server's HTTP API (``/v1/models``, ``/tokenize``,
 - interference: a decode stream's longest token gap while a ``tokens`` prompt is prefilled on
   the same server, over that prompt's prefill plus one decode step measured alone;
 - neighbour (only with ``--neighbour-url``, a second server of the same model on another core
-  of the node): the time per streamed token (a stream from its request to its last chunk) at
-  the largest batch and shortest context, while the second server streams a batch as large
-  without pause, over the same alone;
+  of the node): the decode step at the largest batch and shortest context again, while the
+  second server decodes a batch as large without pause, over the step alone;
 - KV hand-off (only with ``--kv-dir`` and ``--kv-bytes-per-token``): writing, syncing and reading
   back a prompt's KV bytes in the shared-storage channel's directory, which is what that
   channel does per prompt. Without them no hand-off is reported; the caller supplies one.
@@ -166,65 +165,44 @@ def interference(server: Server, tokens: list[int], prefill: dict[str, Any],
     return {"tokens": tokens, "factor": factors}
 
 
-def decode_step(server: Server, batch: int, context: int) -> float:
+def decode_step(server: Server, batch: int, context: int, tokens: int = DECODE_TOKENS) -> float:
     # A small model's step is a few milliseconds, within the noise of a busy machine: a pair
     # where the longer answer came no later is taken again before it counts as an error.
     for _ in range(DECODE_ATTEMPTS):
         one = concurrently(server, batch, context, 1)
-        many = concurrently(server, batch, context, DECODE_TOKENS)
+        many = concurrently(server, batch, context, tokens)
         if many > one:
-            return (many - one) / (DECODE_TOKENS - 1)
-    raise GateError(f"{server.url}: {DECODE_TOKENS} tokens took no longer than one "
+            return (many - one) / (tokens - 1)
+    raise GateError(f"{server.url}: {tokens} tokens took no longer than one "
                     f"(batch {batch}, context {context}), {DECODE_ATTEMPTS} times")
 
 
-def stream_gap(server: Server, batch: int, context: int, tokens: int) -> float:
-    """Milliseconds per streamed token of ``batch`` streams at once (the median over the
-    streams): from sending the request to its last chunk, over its chunks. Whole streams, not
-    the gaps between chunks: a small model's engine runs ahead of its API server, whose chunks
-    then come in bursts microseconds apart (gap ratios of 72x and 5,771x were read that way)."""
-    prompts = [server.prompt(context) for _ in range(batch)]
-
-    def per_token(prompt: list[int]) -> float | None:
-        begun = time.perf_counter()
-        times = server.token_times(prompt, tokens, threading.Event())
-        return (times[-1] - begun) / len(times) if times else None
-
-    with ThreadPoolExecutor(max_workers=batch) as pool:
-        streams = [ms for ms in pool.map(per_token, prompts) if ms is not None]
-    if not streams:
-        raise GateError(f"{server.url}: {batch} streams of {tokens} tokens sent no chunk")
-    return statistics.median(streams) * 1000
-
-
 def neighbour(server: Server, other: Server, decode: dict[str, Any], repeats: int) -> dict[str, Any]:
-    """Streamed, as clients are served: the gap between tokens alone, and beside the neighbour
-    streaming a batch as large. Streaming is where most of the host's work per token is (the
-    API servers' detokenizing and sending, the router's and the clients' reading), and a busy
-    neighbour takes its share of the cores from it."""
+    """The step alone and beside the busy neighbour, each over answers of ``NEIGHBOUR_STEP_TOKENS``
+    (longer than the grid's: the neighbour's load makes a short pair noisy)."""
     batch, context = decode["batch"][-1], decode["context"][0]
-    alone = statistics.median(stream_gap(server, batch, context, NEIGHBOUR_STEP_TOKENS)
+    alone = statistics.median(decode_step(server, batch, context, NEIGHBOUR_STEP_TOKENS)
                               for _ in range(repeats))
     stop = threading.Event()
 
     def keep_busy() -> int:
         done = 0
         while not stop.is_set():
-            done += len(other.token_times(other.prompt(context), NEIGHBOUR_TOKENS, threading.Event()))
+            done += other.complete(other.prompt(context), NEIGHBOUR_TOKENS)
         return done
 
     with ThreadPoolExecutor(max_workers=batch) as pool:
         busy = [pool.submit(keep_busy) for _ in range(batch)]
         try:
             other.complete(other.prompt(8), 1)  # the neighbour is up and its batch admitted
-            beside = statistics.median(stream_gap(server, batch, context, NEIGHBOUR_STEP_TOKENS)
-                                       for _ in range(repeats))
+            steps = [decode_step(server, batch, context, NEIGHBOUR_STEP_TOKENS)
+                     for _ in range(repeats)]
         finally:
             stop.set()
         tokens = sum(future.result() for future in busy)  # a failed neighbour raises here
     if not tokens:
         raise GateError(f"{other.url}: the neighbour generated no tokens while measured beside")
-    factor = round(max(beside / alone, 1e-3), 3)
+    factor = round(max(statistics.median(steps) / alone, 1e-3), 3)
     emit("progress", stage="neighbour", batch=batch, context=context, factor=factor)
     return {"factor": factor}
 

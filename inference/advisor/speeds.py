@@ -36,9 +36,9 @@ A speeds file (JSON), every time in milliseconds:
   core runs an engine, the servers' API servers, their busy-polling engine processes, the
   router and the clients take their CPU from the engines' steps, and memory bandwidth is
   shared; the other measurements are of one server with the rest of the machine to itself.
-  Measure it streamed, as clients are served: the time per streamed token of one server's
-  streams while a second server, on another core, streams a batch of its own, over the same
-  alone.
+  Measure it as one server's decode step while a second server, on another core, decodes a
+  batch of its own without pause, over the step alone (non-streamed: see the README for the
+  streamed variants tried).
 - ``batching``: the servers' scheduler settings; the defaults are vLLM's for a CPU OpenAI
   server (``vllm/engine/arg_utils.py``, 0.32): 2,048 tokens and 128 requests a step, chunked
   prefill on. pdserve's PD prefill servers run without chunked prefill under the
