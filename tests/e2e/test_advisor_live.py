@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from inference.advisor.speeds import speeds_from_json
 from tests.borrowed import Handle
 
 pytestmark = pytest.mark.vllm
@@ -86,7 +87,13 @@ def test_measured_advice_rolls_its_recommendation_out_in_one_call(borrowed: Hand
     # The light load is served whole by the recommendation. (Not asserted of every candidate:
     # the neighbour factor of a tiny model measured on a loaded 2-core machine can be large.)
     assert advice["candidates"][0]["slo_attained"] == 1.0, advice["candidates"]
-    assert speeds["neighbour"]["factor"] > 0, speeds
+    # Every stage ran and showed its progress, the neighbour's beside a second server, and the
+    # stored speeds are what the simulator reads (with the factor that stage reported).
+    progress = advice["measurement"]["progress"]
+    assert {e["stage"] for e in progress} == {"prefill", "decode", "interference", "neighbour",
+                                              "handoff"}, progress
+    reported = [e["factor"] for e in progress if e["stage"] == "neighbour"]
+    assert speeds_from_json(speeds).neighbour_factor == reported[-1] == speeds["neighbour"]["factor"]
 
     # 3. One call: the draft revision and its blue-green rollout, requests answered throughout.
     applied = borrowed.call("POST", f"{base}/advice/apply/", json=LIGHT)
