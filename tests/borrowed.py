@@ -331,9 +331,9 @@ class BorrowedDeployment:
     def _put_back(self, handle: Handle) -> None:
         try:
             body = handle.deployment()
-            if plan_of(body) != self._plan:
-                changed = sorted(k for k in {*plan_of(body), *self._plan}
-                                 if plan_of(body).get(k) != self._plan.get(k))
+            now = plan_of(body)
+            if now != self._plan:
+                changed = sorted(k for k in {*now, *self._plan} if now.get(k) != self._plan.get(k))
                 print(f"borrowed: the plan changed ({', '.join(changed)}): restarting it",
                       file=sys.stderr)
                 self._stop(handle)
