@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
+from urllib.parse import urlsplit
 
 from inference.kv_channels import CHANNEL_NAMES, uses_transfer_params
 from inference.router.keys import load_key_file
@@ -35,7 +36,8 @@ class Setting:
     maximum: float | None = None
     positive: bool = False
     urls: bool = False  # a repeatable flag, one worker base URL each
-    check: Callable[[str], object] | None = None  # raises a ValueError that names the setting
+    check: Callable[[Any], object] | None = None  # raises a ValueError that names the setting
+    many: str | None = None  # a repeatable flag whose values are kept as given: their metavar
 
     def name(self, field_name: str) -> str:
         """The flag or environment variable the field is read from, which its error messages name."""
@@ -59,10 +61,12 @@ class Setting:
 def setting(help: str, *, flag: str | None = None, env: str | None = None,
             choices: tuple[str, ...] = (), minimum: float | None = None, maximum: float | None = None,
             positive: bool = False, urls: bool = False,
-            check: Callable[[str], object] | None = None) -> Mapping[str, Setting]:
+            check: Callable[[Any], object] | None = None,
+            many: str | None = None) -> Mapping[str, Setting]:
     """A field's metadata; given to `dataclasses.field` itself, so type checkers still see which
     fields are required."""
-    return {SETTING: Setting(help, flag, env, choices, minimum, maximum, positive, urls, check)}
+    return {SETTING: Setting(help, flag, env, choices, minimum, maximum, positive, urls, check,
+                             many)}
 
 
 # A revision group's label: it names the group in URLs, headers and metric labels.
@@ -81,6 +85,25 @@ def _readable_template(path: str) -> str:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"--chat-template: cannot read {path}: {exc}") from None
+
+
+def _media_dirs(paths: tuple[str, ...]) -> None:
+    # Checked at start: a typo would otherwise surface as every file URL refused.
+    for path in paths:
+        if not Path(path).is_dir():
+            raise ValueError(f"--media-path: {path} is not a directory")
+
+
+def _media_domains(hosts: tuple[str, ...]) -> None:
+    for host in hosts:
+        try:
+            parsed = urlsplit("//" + host).hostname
+        except ValueError:
+            parsed = None
+        # A scheme, port or path would never equal a URL's host name: it would allow nothing.
+        if not host or parsed != host.lower():
+            raise ValueError(f"--media-domain: {host!r} is not a bare host name (no scheme, "
+                             "port or path)")
 
 
 @dataclass(frozen=True)
@@ -190,6 +213,28 @@ class RouterConfig:
         "key, read through GET /admin/usage (created with its directory if missing, mode 0600); "
         "unset, the ledger is kept in memory and lost when the router stops",
         check=check_usage_file))
+    # Images (media.py): checked, and file or remote ones inlined, before any worker is called.
+    max_images: int = field(default=0, metadata=setting(
+        "image parts a chat request may hold, all its messages together (0: the model takes no "
+        "images, and a request with one is answered 400)", minimum=0))
+    max_image_bytes: int = field(default=2 * 1024 * 1024, metadata=setting(
+        "largest image, in bytes once decoded (a data URL's base64, a file, a fetched body)",
+        positive=True))
+    # A tiny compressed file can claim a huge canvas; its header is read before any pixel.
+    max_image_pixels: int = field(default=4096 * 4096, metadata=setting(
+        "largest image in pixels (width x height, read from its header before any pixel is "
+        "decoded)", positive=True))
+    media_paths: tuple[str, ...] = field(default=(), metadata=setting(
+        "directory whose files a request may name by file:// URL (repeatable; symlinks are "
+        "resolved and the file must lie inside); none given, file URLs are refused",
+        flag="--media-path", many="DIR", check=_media_dirs))
+    media_domains: tuple[str, ...] = field(default=(), metadata=setting(
+        "host name whose http(s) image URLs the router fetches (repeatable; exact match, no "
+        "redirects followed); none given, remote image URLs are refused",
+        flag="--media-domain", many="HOST", check=_media_domains))
+    media_fetch_timeout_s: float = field(default=10.0, metadata=setting(
+        "seconds the router gives a remote image, from connecting to its last byte",
+        flag="--media-fetch-timeout", positive=True))
 
     @property
     def mode(self) -> str:
@@ -246,9 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     for f, spec in settings():
         if spec.env:
             continue
-        if spec.urls:
-            parser.add_argument(spec.name(f.name), dest=f.name, action="append", default=[], metavar="URL",
-                                help=spec.help)
+        if spec.urls or spec.many:
+            parser.add_argument(spec.name(f.name), dest=f.name, action="append", default=[],
+                                metavar=spec.many or "URL", help=spec.help)
             continue
         if types[f.name] is bool:
             # A switch that sets the field to the opposite of its default.
@@ -270,6 +315,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
             values[f.name] = os.environ.get(spec.env) or None
         elif spec.urls:
             values[f.name] = tuple(url.rstrip("/") for url in getattr(args, f.name))
+        elif spec.many:
+            values[f.name] = tuple(getattr(args, f.name))
         else:
             values[f.name] = getattr(args, f.name)
     config = RouterConfig(**values)

@@ -157,6 +157,14 @@ METRICS: tuple[MetricSpec, ...] = (
                "SSE error event), by why: several_sequences, logprobs, echo, structured_output, "
                "tools, stop_strings, no_token_ids, parsed_output, no_worker, request_timeout, ...",
                ("reason", "revision")),
+    MetricSpec("images", Counter, "pdserve_router_images",
+               "Image parts of chat requests that passed the image limits (media.py); file and "
+               "remote ones were inlined as data URLs"),
+    MetricSpec("image_refusals", Counter, "pdserve_router_image_refusals",
+               "Chat requests answered 400 for an image part, by reason: no_images (the model "
+               "takes none), too_many, too_large, too_many_pixels, bad_data_url, unreadable, "
+               "file_refused, remote_refused, fetch_failed, bad_part, unsupported_part (audio, "
+               "video, embeddings)", ("reason",)),
 )
 
 
@@ -201,6 +209,8 @@ class RouterMetrics:
     tpot_seconds: Histogram
     migrations: Counter
     migrations_refused: Counter
+    images: Counter
+    image_refusals: Counter
 
     @classmethod
     def create(cls) -> RouterMetrics:

@@ -47,6 +47,7 @@ from inference.router.groups import (
     report_state,
 )
 from inference.router.keys import ApiKey, Gatekeeper, load_key_file
+from inference.router.media import MediaGate
 from inference.router.metrics import RouterMetrics
 from inference.router.prompts import (
     CharsPerToken,
@@ -98,6 +99,7 @@ class Router:
         self.limiter = RateLimiter(config.redis_url, lease_ttl_s=2 * config.request_timeout_s + 30,
                                    on_store_error=self.metrics.rate_limit_store_errors.inc)
         self.chars_per_token = CharsPerToken()
+        self.media = MediaGate(config, self.metrics)
         self.tokenizing = Tokenizing(config.tokenize_threads or default_threads(),
                                      config.tokenize_queue)
         self.admission = Admission(self.gate, self.limiter, self.metrics, self.tokenizing,
@@ -354,6 +356,12 @@ class Router:
             except web.HTTPRequestEntityTooLarge:
                 return error_response(413, f"request body exceeds {self.config.max_body_bytes} "
                                       "bytes", timeline.request_id)
+            if request.path == "/tokenize":
+                # vLLM's /tokenize renders chat messages, images included: the same limits.
+                try:
+                    raw = await self._media_checked(raw, timeline)
+                except RequestError as exc:
+                    return error_response(exc.status, exc.message, timeline.request_id, exc.param)
             group = self.selector.pick(self.groups,
                                        session_key(request.headers.get(SESSION_HEADER), {}))
             if group is None:
@@ -368,6 +376,17 @@ class Router:
         finally:
             if ticket is not None:
                 await self.admission.release(ticket)
+
+    async def _media_checked(self, raw: bytes, timeline: Timeline) -> bytes:
+        """A /tokenize body with its images checked and inlined as a chat request's are."""
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return raw  # vLLM answers it with its own 400
+        if not isinstance(body, dict):
+            return raw
+        checked, timeline.images = await self.media.inline(body)
+        return raw if checked is body else json.dumps(checked).encode()
 
     async def _pass_to(self, group: Group, request: web.Request, raw: bytes,
                        timeline: Timeline) -> web.Response:
@@ -456,6 +475,12 @@ class Router:
                                       "bytes", request_id)
             try:
                 parsed = self.checker.parse(endpoint, parse_json(raw))
+                # Only a chat request with a part other than text can hold an image: text
+                # requests skip this. Checked before any worker is called.
+                if parsed.render_on_worker or parsed.whole == "unparsed_messages":
+                    body, timeline.images = await self.media.inline(parsed.body)
+                    if body is not parsed.body:  # file or remote images, now inlined
+                        parsed, raw = dataclasses.replace(parsed, body=body), json.dumps(body).encode()
             except RequestError as exc:
                 return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
             if placement is not None:

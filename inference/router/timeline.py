@@ -40,6 +40,8 @@ class Timeline:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     stream_chunks: int = 0
+    # Image parts the request carried (each checked and, if a file or remote, inlined: media.py).
+    images: int = 0
     streamed: bool = False
     kv: dict[str, Any] = field(default_factory=dict)
     status: int | None = None
@@ -72,6 +74,7 @@ class Timeline:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "stream_chunks": self.stream_chunks,
+            "images": self.images,
             "kv": self.kv,
             "status": self.status,
             "error": self.error,

@@ -25,7 +25,9 @@ FLAGS = ["--served-model-name", "--tokenizer", "--max-model-len", "--prefill", "
          "--decode-policy", "--colocated-policy", "--pd-policy", "--stall-budget-ms", "--no-degraded-mode",
          "--prefill-slots",
          "--breaker-failures", "--breaker-cooldown", "--prefix-block-size", "--prefix-blocks",
-         "--kv-warmup-tokens", "--kv-lease-s", "--keys-file", "--usage-file"]
+         "--kv-warmup-tokens", "--kv-lease-s", "--keys-file", "--usage-file",
+         "--max-images", "--max-image-bytes", "--max-image-pixels", "--media-path", "--media-domain",
+         "--media-fetch-timeout"]
 ENVIRONMENT = ["PDSERVE_API_KEY", "PDSERVE_ROUTER_ADMIN_TOKEN", "PDSERVE_WORKER_KEY", "REDIS_URL"]
 
 

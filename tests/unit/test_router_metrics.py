@@ -18,7 +18,7 @@ from inference.router.metrics import (
 )
 
 # Written down from RouterMetrics.create as it was before the table: (attribute, kind, name, labels);
-# then the revision label and the per-token latencies of revision groups.
+# then the revision label and the per-token latencies of revision groups, then images.
 EXPECTED = [
     ("requests", Counter, "pdserve_router_requests", ("endpoint", "status", "role", "revision")),
     ("added_seconds", Histogram, "pdserve_router_added_seconds", ()),
@@ -57,6 +57,9 @@ EXPECTED = [
     ("tpot_seconds", Histogram, "pdserve_router_tpot_seconds", ("revision",)),
     ("migrations", Counter, "pdserve_router_migrations", ("reason", "role", "revision")),
     ("migrations_refused", Counter, "pdserve_router_migrations_refused", ("reason", "revision")),
+    # Image parts of chat requests (media.py).
+    ("images", Counter, "pdserve_router_images", ()),
+    ("image_refusals", Counter, "pdserve_router_image_refusals", ("reason",)),
 ]
 PROMETHEUS_TYPES = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}
 
