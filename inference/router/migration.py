@@ -50,6 +50,10 @@ def why_not_continuable(parsed: ParsedRequest) -> str | None:
             body.get("prompt_logprobs") is not None:
         # The top alternatives of the cut position and text offsets would be the new worker's.
         return "logprobs"
+    if parsed.images:
+        # A continuation is a token-id prompt: the image's placeholder ids would reach the
+        # new worker without the pixels behind them, and its answer would be of another prompt.
+        return "images"
     if body.get("echo") or body.get("continue_final_message"):
         return "echo"
     response_format = body.get("response_format")

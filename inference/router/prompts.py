@@ -134,6 +134,8 @@ class ParsedRequest:
     # Where the request's X-Pdserve-Placement header says its prompt is prefilled (None: the
     # router's policy chooses; see asked_placement.py).
     placement: str | None = None
+    # Image parts (checked and inlined by media.py before any worker is called).
+    images: int = 0
 
     @property
     def prompt_token_ids(self) -> list[int]:

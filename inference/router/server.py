@@ -480,7 +480,9 @@ class Router:
                 if parsed.render_on_worker or parsed.whole == "unparsed_messages":
                     body, timeline.images = await self.media.inline(parsed.body)
                     if body is not parsed.body:  # file or remote images, now inlined
-                        parsed, raw = dataclasses.replace(parsed, body=body), json.dumps(body).encode()
+                        raw = json.dumps(body).encode()
+                    if timeline.images:
+                        parsed = dataclasses.replace(parsed, body=body, images=timeline.images)
             except RequestError as exc:
                 return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
             if placement is not None:

@@ -165,8 +165,10 @@ class StubVLLM:
         if self.prompt_token_ids_override is not None:
             return list(self.prompt_token_ids_override)
         if endpoint == "chat":
-            # vLLM's "string" content format: text parts joined by newlines.
-            messages = [{**m, "content": "\n".join(p["text"] for p in m["content"])}
+            # vLLM's "string" content format: text parts joined by newlines (an image part
+            # is left out: the stub has no image tokens).
+            messages = [{**m, "content": "\n".join(p["text"] for p in m["content"]
+                                                   if p.get("type", "text") == "text")}
                         if isinstance(m.get("content"), list) else m for m in body["messages"]]
             return list(self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True, return_dict=False))

@@ -6,6 +6,8 @@ text a migrated stream delivers can be compared with an uninterrupted one."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -13,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from PIL import Image
 
 from tests.unit.conftest import MODEL, RunningRouter, StubVLLM
 
@@ -281,3 +284,26 @@ async def test_a_continuation_whose_connection_times_out_goes_on_on_the_same_wor
     continuations = [r for r in prefill.requests if r.path == COMPLETIONS]
     assert len(continuations) == 1  # the timed-out attempt never reached it
     assert await running.metric(REFUSED, {"reason": "no_worker"}) == 0
+
+
+async def test_a_stream_with_an_image_ends_with_the_error_event_not_a_text_continuation(
+        start_router: StartRouter, make_stub: MakeStub) -> None:
+    """A continuation is a token-id prompt: the image's placeholder ids without its pixels.
+    So an image request cut mid-way is not continued, as a tools request is not."""
+    picture = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 30, 30)).save(picture, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(picture.getvalue()).decode()
+    prefill, decode = await generative(make_stub, "prefill", "decode")
+    decode.die_after_chunks = 3
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,),
+                                 kv_channel="shared-storage", max_images=1)
+    response = await running.client.post(CHAT, json=body_for(CHAT, messages=[{
+        "role": "user", "content": [{"type": "text", "text": "what is it"},
+                                    {"type": "image_url", "image_url": {"url": url}}]}]))
+    assert response.status == 200
+    raw = await response.read()
+    error = json.loads(events(raw)[-1])["error"]
+    assert error["code"] == "decode_failed"
+    assert "cannot go on on another worker" in error["message"]
+    assert "return_token_ids" not in decode.requests[-1].body
+    assert await running.metric(REFUSED, {"reason": "images"}) == 1
