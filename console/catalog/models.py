@@ -66,6 +66,17 @@ class Variant(models.Model):
     chat_template_sha256 = models.CharField(max_length=64, blank=True,
                                             help_text="empty when the model ships no template")
     generation_config = models.JSONField(default=dict, blank=True)
+    # What a request may hold besides text, and what turns it into tokens: prefill and decode
+    # must process an image the same way (console/checks/multimodal.py).
+    modalities = models.JSONField(default=list, blank=True,
+                                  help_text='inputs the model takes, e.g. ["text", "image"]')
+    processor_sha256 = models.CharField(
+        max_length=64, blank=True, help_text="the processor configuration files' combined sha256; "
+                                             "empty when the directory holds none")
+    processor_files = models.JSONField(default=dict, blank=True, help_text="file name -> sha256")
+    encoder_parameter_count = models.BigIntegerField(
+        default=0, help_text="parameters of the vision tower and its projector (part of "
+                             "parameter_count); 0 for a text model")
     weight_files = models.JSONField(default=list, blank=True,
                                     help_text='[{"name", "size", "mtime_ns"}] when inspected')
     inspected_at = models.DateTimeField(null=True, blank=True)
@@ -92,6 +103,10 @@ class Variant(models.Model):
     @property
     def inspected(self) -> bool:
         return self.inspected_at is not None and not self.inspection_error
+
+    @property
+    def is_multimodal(self) -> bool:
+        return any(modality != "text" for modality in self.modalities)
 
     @property
     def is_quantized(self) -> bool:

@@ -25,7 +25,7 @@ State = Variant.HashState
 # What the audit log shows of a variant: where it is and what it is, not every fact inspection
 # read (those are on the variant, and change with every re-inspection).
 VARIANT_FIELDS = ("base", "name", "path", "format", "dtype", "quantization", "architecture",
-                  "inspection_error")
+                  "modalities", "inspection_error")
 MODEL_FIELDS = ("name", "description")
 
 

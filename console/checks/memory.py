@@ -1,12 +1,25 @@
-"""memory.fit: weights, KV cache and runtime of every worker fit its device, with headroom."""
+"""memory.fit: weights, KV cache and runtime of every worker fit its device, with headroom.
+
+A multimodal variant's worker holds more: its vision encoder's weights (counted once, within
+the weights: parameter_count includes them), the processor cache it is given
+(--mm-processor-cache-gb, once in vLLM's API server and once in its engine core) and the encoder
+cache (the vision encoder's outputs waiting for the language model: vLLM 0.32 budgets it at
+max_num_batched_tokens embeddings of the text model's width).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from console.catalog.models import DTYPE_BYTES
 from console.checks.base import Finding, Verdict, check, error, warning
 from console.checks.plan import PlanView
+from console.deployments.images import (
+    MM_PROCESSOR_CACHE_GB,
+    PROCESSOR_CACHE_COPIES,
+    encoder_cache_tokens,
+    mm_limits,
+)
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import GIB, Node
 
@@ -30,14 +43,27 @@ class Estimate:
     weights_how: str
     kv_cache: int
     runtime: int
+    # A multimodal worker's: in host memory, and beside its activations (0 for a text model).
+    processor_cache: int = 0
+    encoder_cache: int = 0
+    encoder_how: str = ""
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.runtime
+        return (self.weights + self.kv_cache + self.runtime + self.processor_cache
+                + self.encoder_cache)
 
     def arithmetic(self) -> str:
+        images = ""
+        if self.processor_cache:
+            images += (f" + {gib(self.processor_cache)} processor cache ({MM_PROCESSOR_CACHE_GB} "
+                       f"GiB --mm-processor-cache-gb x {PROCESSOR_CACHE_COPIES}: API server and "
+                       "engine core)")
+        if self.encoder_cache:
+            images += f" + {gib(self.encoder_cache)} encoder cache ({self.encoder_how})"
         return (f"{self.worker.slot} {gib(self.weights)} weights ({self.weights_how}) + "
-                f"{gib(self.kv_cache)} KV cache + {gib(self.runtime)} runtime = {gib(self.total)}")
+                f"{gib(self.kv_cache)} KV cache + {gib(self.runtime)} runtime{images} = "
+                f"{gib(self.total)}")
 
 
 def _compute_dtype(deployment: Deployment, worker: WorkerPlan) -> str:
@@ -53,10 +79,31 @@ def estimate(deployment: Deployment, worker: WorkerPlan) -> Estimate:
     else:
         weights = variant.weight_bytes
         how = f"{variant.quantization or variant.dtype} files on disk"
+    if variant.encoder_parameter_count:
+        # Already in parameter_count and in the files: named, not added.
+        how += f", of which {variant.encoder_parameter_count / 1e6:.2f}M vision encoder params"
     gpus = len(worker.gpu_tuple()) or 1
+    processor, encoder, encoder_how = _multimodal(deployment, worker, dtype)
     return Estimate(worker, weights // gpus, how + (f" / {gpus} GPUs" if gpus > 1 else ""),
                     deployment.kv_cache_gib * GIB,
-                    GPU_RUNTIME_BYTES if worker.gpu_tuple() else CPU_RUNTIME_BYTES)
+                    GPU_RUNTIME_BYTES if worker.gpu_tuple() else CPU_RUNTIME_BYTES,
+                    processor, encoder, encoder_how)
+
+
+def _multimodal(deployment: Deployment, worker: WorkerPlan, dtype: str) -> tuple[int, int, str]:
+    """(processor cache, encoder cache, how the encoder cache was sized) of a worker that takes
+    images; zeros for a text model or a plan that allows none (vLLM then makes no encoder
+    cache)."""
+    if not sum(mm_limits(deployment, worker).values()):
+        return 0, 0, ""
+    variant = worker.variant
+    tokens, source = encoder_cache_tokens(deployment)
+    # The text model's width: its hidden size, for the attention layouts inspection accepts.
+    width = (variant.num_attention_heads or 0) * (variant.head_dim or 0)
+    size = DTYPE_BYTES.get(dtype, 2)
+    how = (f"{tokens} tokens ({source}) x width {width} ({variant.num_attention_heads} heads x "
+           f"{variant.head_dim}) x {size} B {dtype}")
+    return MM_PROCESSOR_CACHE_GB * GIB * PROCESSOR_CACHE_COPIES, tokens * width * size, how
 
 
 def kv_bytes_per_token(plan: PlanView, worker: WorkerPlan) -> tuple[int, str]:
@@ -123,8 +170,10 @@ def node_fit(node: Node, own: list[Estimate],
               others: list[Estimate]) -> tuple[Finding | None, str]:
     usable = int(node.memory_bytes * (1 - HEADROOM))
     # GPU workers keep weights and KV cache on the GPU; their host side is the runtime alone.
+    # The processor cache is host memory either way.
     host = [e if not e.worker.gpu_tuple() else
-            Estimate(e.worker, 0, "on GPU", 0, CPU_RUNTIME_BYTES) for e in own + others]
+            Estimate(e.worker, 0, "on GPU", 0, CPU_RUNTIME_BYTES, e.processor_cache)
+            for e in own + others]
     total = sum(e.total for e in host)
     parts = [e.arithmetic() for e in host[:len(own)]]
     if others:
@@ -146,10 +195,11 @@ def _gpu_fit(worker: WorkerPlan, estimate_: Estimate, lines: list[str]) -> list[
         if gpu is None:
             continue  # device.conflict reports GPUs the node lacks
         usable = int(gpu.memory_bytes * GPU_MEMORY_UTILIZATION)
-        line = (f"{worker.node.name} GPU {index} ({gpu.name}): {estimate_.arithmetic()} of "
+        on_gpu = replace(estimate_, processor_cache=0)  # in host memory (node_fit counts it)
+        line = (f"{worker.node.name} GPU {index} ({gpu.name}): {on_gpu.arithmetic()} of "
                 f"{gib(usable)} ({GPU_MEMORY_UTILIZATION:.0%} of {gib(gpu.memory_bytes)})")
         lines.append(line)
-        if estimate_.total > usable:
+        if on_gpu.total > usable:
             findings.append(error(f"{worker.slot} does not fit GPU {index}: {line}",
                                   "lower the KV cache size, use a quantized variant, or spread "
                                   "the worker over more GPUs"))

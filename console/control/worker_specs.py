@@ -11,6 +11,7 @@ from pathlib import Path
 from django.conf import settings
 
 from console.checks.suite import enforce_handshake_compat
+from console.deployments.images import MM_PROCESSOR_CACHE_GB, mm_limits, router_max_images
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.router_admin import admin_token
 from console.gateway.services import write_keys_file
@@ -109,6 +110,8 @@ def worker_spec(deployment: Deployment, worker: WorkerPlan,
         reasoning_parser=deployment.reasoning_parser,
         cache_dir=str(settings.PDSERVE_CACHE_DIR),
         enforce_eager=settings.PDSERVE_ENFORCE_EAGER,
+        mm_limits=mm_limits(deployment, worker),
+        mm_processor_cache_gb=MM_PROCESSOR_CACHE_GB,
         extra_args=tuple(deployment.extra_engine_args or ()),
     )
 
@@ -145,6 +148,15 @@ def router_argv(deployment: Deployment, workers: list[WorkerPlan],
         # prefix_aware hashes whole blocks, so the router's block must be the workers'.
         "--prefix-block-size", str(transfer_block_tokens(deployment, workers)),
     ]
+    # Images: checked by the router before any worker is called (plan values, validated: the
+    # directories absolute and existing, the hosts bare host names).
+    argv += ["--max-images", str(router_max_images(deployment, workers)),
+             "--max-image-bytes", str(deployment.max_image_bytes),
+             "--max-image-pixels", str(deployment.max_image_pixels)]
+    for path in deployment.media_paths or ():
+        argv += ["--media-path", path]
+    for host in deployment.media_domains or ():
+        argv += ["--media-domain", host]
     if chat_template is not None:
         # The router renders chat prompts itself (length checks, the PD hand-off's comparison
         # with prefill's tokens): with another template than the workers' every hand-off

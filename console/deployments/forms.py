@@ -42,7 +42,8 @@ class PlanForm(forms.ModelForm):
                   "engine_version", "sampling_defaults", "router_port",
                   "prefill_policy", "decode_policy", "pd_policy", "stall_budget_ms",
                   "degraded_mode", "tool_call_parser", "enable_auto_tool_choice",
-                  "reasoning_parser", "chat_template",
+                  "reasoning_parser", "chat_template", "max_images_per_prompt",
+                  "max_image_bytes", "max_image_pixels", "media_paths", "media_domains",
                   "gate_mode", "gate_prompts", "gate_min_agreement", "gate_max_mean_delta",
                   "gate_action", "verify_after_start"]
         labels = {"max_model_len": "Context length", "ttft_slo_ms": "TTFT SLO, p95 (ms)",
@@ -55,7 +56,10 @@ class PlanForm(forms.ModelForm):
                   "verify_after_start": "Verify after start and promotion",
                   "degraded_mode": "Degraded mode", "tool_call_parser": "Tool-call parser",
                   "enable_auto_tool_choice": "Auto tool choice",
-                  "reasoning_parser": "Reasoning parser", "chat_template": "Chat template"}
+                  "reasoning_parser": "Reasoning parser", "chat_template": "Chat template",
+                  "max_images_per_prompt": "Images per request", "max_image_bytes":
+                  "Largest image (bytes)", "max_image_pixels": "Largest image (pixels)",
+                  "media_paths": "Image directories", "media_domains": "Image hosts"}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -80,6 +84,12 @@ class PlanForm(forms.ModelForm):
     def clean_sampling_defaults(self) -> dict[str, Any]:
         # An emptied text area means "no overrides", not SQL NULL.
         return self.cleaned_data["sampling_defaults"] or {}
+
+    def clean_media_paths(self) -> list[str]:
+        return self.cleaned_data["media_paths"] or []
+
+    def clean_media_domains(self) -> list[str]:
+        return self.cleaned_data["media_domains"] or []
 
 
 class PoolForm(forms.Form):

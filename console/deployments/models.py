@@ -10,10 +10,20 @@ from django.db import models
 from console.accounts.roles import default_team_id
 from console.deployments.engine_args import validate_engine_args
 from console.fleet.services import local_node_id
-from console.validators import validate_core_list, validate_port
+from console.validators import (
+    validate_core_list,
+    validate_directory_list,
+    validate_host_name_list,
+    validate_port,
+)
 from inference.kv_channels import CHANNEL_NAMES
 
 MAX_CONTEXT = 1_048_576
+MIB = 1024 * 1024
+# Bounds of a plan's image limits: what a request may carry through the router to the workers.
+MAX_IMAGES_PER_PROMPT = 64
+MAX_IMAGE_BYTES = 64 * MIB
+MAX_IMAGE_PIXELS = 16384 * 16384
 # Words the console's own URLs use after /deployments/.
 RESERVED_NAMES = frozenset({"new"})
 
@@ -186,6 +196,26 @@ class Deployment(models.Model):
     reasoning_parser = models.CharField(
         max_length=60, blank=True, validators=[validate_parser_name],
         help_text="vLLM reasoning parser (--reasoning-parser), e.g. deepseek_r1; empty: none")
+    # Images (multimodal variants): the router enforces every limit before any worker sees the
+    # request; the workers get the count too (vLLM --limit-mm-per-prompt). They reach command
+    # lines only as these validated values (console/control/worker_specs.py).
+    max_images_per_prompt = models.PositiveSmallIntegerField(
+        default=1, validators=[MaxValueValidator(MAX_IMAGES_PER_PROMPT)],
+        help_text="images one request may carry (0: none); a text-only model takes none")
+    max_image_bytes = models.PositiveIntegerField(
+        default=2 * MIB, validators=[MinValueValidator(1), MaxValueValidator(MAX_IMAGE_BYTES)],
+        help_text="largest image the router accepts, in bytes (decoded)")
+    max_image_pixels = models.PositiveIntegerField(
+        default=4096 * 4096, validators=[MinValueValidator(1), MaxValueValidator(MAX_IMAGE_PIXELS)],
+        help_text="largest image the router accepts, in pixels (width x height)")
+    media_paths = models.JSONField(
+        default=list, blank=True, validators=[validate_directory_list],
+        help_text='absolute directories a request may name image files in (file:// URLs), '
+                  'e.g. ["/srv/images"]; empty: none')
+    media_domains = models.JSONField(
+        default=list, blank=True, validators=[validate_host_name_list],
+        help_text='host names the router may fetch image URLs from, e.g. '
+                  '["images.example.com"]; empty: none (data: URLs only)')
     verify_after_start = models.BooleanField(
         default=verify_after_start_default,
         help_text="run a verification report once every start and every rollout promotion is "

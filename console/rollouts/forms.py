@@ -28,6 +28,8 @@ class DraftForm(forms.Form):
     kv_cache_gib = forms.FloatField(required=False, min_value=0)
     kv_load_failure = forms.CharField(required=False, max_length=20)
     engine_version = forms.CharField(required=False, max_length=40)
+    max_images_per_prompt = forms.IntegerField(required=False, min_value=0,
+                                               label="Images per request")
     sampling_defaults = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
                                         help_text="JSON object")
     extra_engine_args = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}),
@@ -55,7 +57,8 @@ class DraftForm(forms.Form):
     def draft_input(self) -> tuple[dict[str, Any], dict[str, Variant], str]:
         data = self.cleaned_data
         fields = {name: data[name] for name in ("mode", *TEXT_FIELDS) if data.get(name)}
-        fields.update({name: data[name] for name in ("block_size", "kv_cache_gib", *JSON_FIELDS)
+        fields.update({name: data[name] for name in ("block_size", "kv_cache_gib",
+                                                     "max_images_per_prompt", *JSON_FIELDS)
                        if data.get(name) is not None})
         variants = {role: data[role] for role in ROLES if data.get(role) is not None}
         return fields, variants, data.get("note", "")

@@ -2,8 +2,9 @@
 
 A revision holds every setting that changes what the workers compute or how they are laid out:
 the mode, the variant of each role, the engine and KV settings, sampling defaults, extra engine
-flags, tool calling and the chat template, and the output gate's thresholds. Instance counts,
-devices, ports and router policies are not in it: they stay live edits of the plan.
+flags, tool calling and the chat template, the images a prompt may carry, and the output gate's
+thresholds. Instance counts, devices, ports and router policies are not in it: they stay live
+edits of the plan.
 """
 
 from __future__ import annotations
@@ -38,9 +39,14 @@ from console.rollouts.models import Revision
 # max_model_len stay plan edits applied to every revision: a revision that changed them would
 # have its PD hand-offs rendered with the other revision's template. What a failed gate does to
 # traffic (gate_action, block or warn) is a live edit too, like the router's policies.
+# max_images_per_prompt is the workers' --limit-mm-per-prompt, so a revision carries it (the
+# router's count follows the plan, and the plan takes the revision's at promotion); the other
+# image limits and sources (max_image_bytes, max_image_pixels, media_paths, media_domains) are
+# the router's alone and stay live edits, like its policies.
 FIELDS: tuple[str, ...] = (
     "mode", "engine_version", "dtype", "kv_channel", "block_size", "kv_cache_dtype",
     "kv_cache_gib", "kv_load_failure", "sampling_defaults", "extra_engine_args",
+    "max_images_per_prompt",
     "gate_mode", "gate_prompts", "gate_min_agreement", "gate_max_mean_delta",
 )
 

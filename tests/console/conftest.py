@@ -1,7 +1,9 @@
-"""Shared fixtures for the console tests: two users and the default deployment plan."""
+"""Shared fixtures for the console tests: two users, the default deployment plan and the tiny
+vision-language models."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,10 @@ from console.deployments.defaults import ensure_default_deployment
 from console.deployments.models import Deployment
 from tests.console.passwords import OUTSIDER_PASSWORD, OWNER_PASSWORD
 from tests.console.tokens import token_for
+from tests.tiny_vlm import BUILDERS, SHARED_ROOT, shared_tiny_vlm
+
+# The default model's directory, whose tokenizer the tiny VLMs take (as tests/borrowed.py's).
+SMOLLM2 = Path(os.environ.get("PDSERVE_TEST_MODEL_DIR", SHARED_ROOT / "smollm2-135m-instruct"))
 
 
 @pytest.fixture(autouse=True)
@@ -71,3 +77,13 @@ def deployment(db: None, tmp_path: Path) -> Deployment:
     model_dir.mkdir()
     created, _ = ensure_default_deployment(model_dir=model_dir)
     return created
+
+
+@pytest.fixture(scope="session")
+def tiny_vlms() -> dict[str, Path]:
+    """The random-weight VLMs of tests/tiny_vlm.py (name -> directory), built once a machine
+    at data/models/<name> (as tests/tiny_llama.py's shared model): a few seconds the first time.
+    Tests that change one copy it first."""
+    if not (SMOLLM2 / "tokenizer.json").is_file():
+        pytest.fail(f"{SMOLLM2} is not prepared: run `make model` (the VLMs use its tokenizer)")
+    return {name: shared_tiny_vlm(SMOLLM2, name) for name in sorted(BUILDERS)}

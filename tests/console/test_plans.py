@@ -306,7 +306,8 @@ def form_data(variant: Variant, node: Node, **changes: str) -> dict[str, str]:
         "prefill_policy": "least_outstanding", "decode_policy": "least_outstanding",
         "pd_policy": "pd_adaptive", "stall_budget_ms": "250", "degraded_mode": "on",
         "kv_load_failure": "fail", "gate_mode": "auto", "gate_prompts": "8", "gate_min_agreement": "0.9",
-        "gate_max_mean_delta": "0.5", "gate_action": "block",
+        "gate_max_mean_delta": "0.5", "gate_action": "block", "max_images_per_prompt": "1",
+        "max_image_bytes": str(2 * 1024 * 1024), "max_image_pixels": str(4096 * 4096),
     }
     for role, core in (("prefill", node.cpu_ids[0]), ("decode", node.cpu_ids[-1]),
                        ("colocated", None)):

@@ -112,11 +112,16 @@ def register(base: BaseModel, root: Path, name: str, **model: Any) -> Variant:
     return register_variant(base, name, str(write_model(root / name, **model)))
 
 
-def make_plan(root: Path, name: str = "tiny-1p1d", **fields: Any) -> Deployment:
-    """A PD plan of a registered tiny model, one prefill and one decode on the local node, on
-    free ports and the first and last core: it passes every check until a test changes it."""
-    base, _ = BaseModel.objects.get_or_create(name="tiny")
-    variant = Variant.objects.filter(base=base, name="bf16").first() or register(base, root, "bf16")
+def make_plan(root: Path, name: str = "tiny-1p1d", variant: Variant | None = None,
+              **fields: Any) -> Deployment:
+    """A PD plan of a registered tiny model (``variant`` when given), one prefill and one decode
+    on the local node, on free ports and the first and last core: it passes every check until a
+    test changes it."""
+    if variant is None:
+        base, _ = BaseModel.objects.get_or_create(name="tiny")
+        variant = (Variant.objects.filter(base=base, name="bf16").first()
+                   or register(base, root, "bf16"))
+    base = variant.base
     node = local_node()
     values: dict[str, Any] = {
         "base_model": base, "served_model_name": "tiny", "max_model_len": 2048,

@@ -24,6 +24,7 @@ class VariantSerializer(serializers.ModelSerializer):
         model = Variant
         fields = ["id", "base_model", "name", "path", "format", "dtype", "quantization",
                   "architecture", "parameter_count", "size_bytes", "kv_geometry",
+                  "modalities", "encoder_parameter_count", "processor_sha256", "processor_files",
                   "tokenizer_sha256", "tokenizer_files", "chat_template_sha256",
                   "generation_config", "inspected_at", "inspection_error", "hash"]
 

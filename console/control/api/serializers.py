@@ -37,6 +37,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
                   "kv_cache_dtype", "kv_load_failure", "dtype", "engine_version",
                   "sampling_defaults", "tool_call_parser", "enable_auto_tool_choice",
                   "chat_template", "reasoning_parser", "extra_engine_args", "verify_after_start",
+                  "max_images_per_prompt", "max_image_bytes", "max_image_pixels", "media_paths",
+                  "media_domains",
                   "router", "gate",
                   "router_url", "desired_state", "state", "degraded", "revision", "rollout",
                   "workers", "processes", "created", "updated"]

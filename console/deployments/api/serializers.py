@@ -142,6 +142,8 @@ class PlanSerializer(serializers.ModelSerializer):
                   "kv_cache_gib", "block_size", "kv_cache_dtype", "kv_load_failure", "dtype",
                   "engine_version", "sampling_defaults", "tool_call_parser", "enable_auto_tool_choice",
                   "chat_template", "reasoning_parser", "extra_engine_args", "verify_after_start",
+                  "max_images_per_prompt", "max_image_bytes", "max_image_pixels", "media_paths",
+                  "media_domains",
                   "prefill",
                   "decode", "colocated", "router", "gate"]
 

@@ -16,7 +16,8 @@ from console.rollouts.services import START_TIMEOUT_RANGE
 
 # The revision's own fields a draft may change (the gate comes as one object).
 DRAFT_FIELDS = ("mode", "dtype", "kv_channel", "block_size", "kv_cache_dtype", "kv_cache_gib",
-                "kv_load_failure", "sampling_defaults", "extra_engine_args", "engine_version")
+                "kv_load_failure", "sampling_defaults", "extra_engine_args", "engine_version",
+                "max_images_per_prompt")
 ANALYSES_SHOWN = 50
 
 
