@@ -7,8 +7,10 @@ from django.views.decorators.http import require_GET
 
 from console.accounts.models import Role
 from console.accounts.roles import may, visible
+from console.deployments.images import router_max_images
 from console.deployments.models import Deployment
 from console.playground.gateway_models import PickableModel, gateway_models
+from console.playground.proxy import ROUTER_MAX_BODY_BYTES
 
 
 @login_required
@@ -40,5 +42,10 @@ def _chat(request: HttpRequest, deployment: Deployment, models: list[PickableMod
           picked: PickableModel | None = None) -> HttpResponse:
     return render(request, "playground/chat.html", {
         "deployment": deployment, "models": models, "picked": picked,
+        # Images only where the router lets them through: every variant of the plan takes
+        # them (prefill and decode both read them) and the plan allows some.
+        "max_images": router_max_images(deployment,
+                                        list(deployment.workers.select_related("variant"))),
+        "max_body_bytes": ROUTER_MAX_BODY_BYTES,
         # A viewer sees the page without the chat: a chat spends the team's capacity.
         "can_operate": may(request.user, deployment.team_id, Role.OPERATOR)})

@@ -89,7 +89,7 @@ def _sections(report: VerificationReport, listener: Listener | None) -> list[dic
 
     run("connectivity", "ports, health, models, the router's view, each pair",
         lambda: connectivity(deployment, subject, report.pk))
-    run("function", "a completion, a streamed dialogue, greedy output",
+    run("function", "a completion, a streamed dialogue, greedy output, an image request",
         lambda: function(deployment, subject))
     idle = latest_sample(deployment.pk)
     loaded_since = timezone.now()

@@ -1,5 +1,6 @@
 """Function: a plain completion; a multi-turn streamed chat, each turn complete; greedy output
-through the router against the output gate's reference answers, when there are any."""
+through the router against the output gate's reference answers, when there are any; an image
+request, when the model takes images (console/verification/image_check.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.conf import settings
 from console.deployments.models import Deployment
 from console.quality import services as gates
 from console.quality.models import GateResult
+from console.verification.image_check import image_request
 from console.verification.streaming import stream
 from console.verification.subject import Subject
 from console.verification.verdicts import FAIL, PASS, WARN, Section
@@ -160,4 +162,5 @@ def function(deployment: Deployment, subject: Subject) -> Section:
             greedy_against_reference(deployment, subject, section, client)
         except httpx.HTTPError as exc:
             section.add("greedy output", FAIL, f"greedy completion: {type(exc).__name__}: {exc}")
+        image_request(subject, section, client)
     return section

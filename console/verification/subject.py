@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from console.deployments.models import Deployment
+from console.deployments.images import router_max_images
+from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.router_admin import console_key, router_address
 from console.supervisor.models import ManagedProcess
 from console.supervisor.worker_keys import deployment_worker_key
@@ -48,6 +49,14 @@ class Subject:
     max_model_len: int
     ttft_slo_ms: int
     tpot_slo_ms: int
+    # What every planned variant takes (Variant.modalities): "image" when all of them do.
+    modalities: tuple[str, ...] = ("text",)
+    # Images a request may carry through the router (console/deployments/images.py).
+    max_images: int = 0
+
+    @property
+    def takes_images(self) -> bool:
+        return "image" in self.modalities and self.max_images > 0
 
     @property
     def router_url(self) -> str:
@@ -69,8 +78,8 @@ def subject_of(deployment: Deployment, green: int | None = None,
     channels are not in the plan until the promotion: the rollout names them
     (``green_side_channels``, base slot -> port, in the report's options)."""
     rows = {p.slot: p for p in ManagedProcess.objects.filter(deployment=deployment)}
-    planned = list(deployment.workers.select_related("node").prefetch_related("node__gpus")
-                   .order_by("role", "index"))
+    planned = list(deployment.workers.select_related("node", "variant")
+                   .prefetch_related("node__gpus").order_by("role", "index"))
     gpu_memory = {w.slot: sum(g.memory_bytes for g in w.node.gpus.all() if g.index in w.gpu_tuple())
                   for w in planned}
     mode = deployment.mode
@@ -116,7 +125,17 @@ def subject_of(deployment: Deployment, green: int | None = None,
         workers=workers, side_channels=side, api_key=console_key(deployment),
         worker_key=deployment_worker_key(deployment.name), concurrency=deployment.concurrency,
         max_model_len=deployment.max_model_len, ttft_slo_ms=deployment.ttft_slo_ms,
-        tpot_slo_ms=deployment.tpot_slo_ms)
+        tpot_slo_ms=deployment.tpot_slo_ms, modalities=shared_modalities(planned),
+        max_images=router_max_images(deployment, planned))
+
+
+def shared_modalities(planned: list[WorkerPlan]) -> tuple[str, ...]:
+    """The inputs every planned worker's variant takes, in the first one's order: prefill and
+    decode both read a request's images. A variant not inspected yet names none: text."""
+    if not planned:
+        return ("text",)
+    kinds = [list(w.variant.modalities or ["text"]) for w in planned]
+    return tuple(m for m in kinds[0] if all(m in other for other in kinds[1:]))
 
 
 def live_revision(deployment: Deployment) -> int | None:

@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
+# A check that does not apply to this deployment (an image request to a text-only model): its
+# row says why, and it counts toward no verdict.
+NOT_APPLICABLE = "n/a"
 RANK = {PASS: 0, WARN: 1, FAIL: 2}
 
 
@@ -37,16 +40,19 @@ class Section:
 
     @property
     def verdict(self) -> str:
-        return worst([c.verdict for c in self.checks])
+        return worst([c.verdict for c in self.checks if c.verdict != NOT_APPLICABLE])
 
     @property
     def summary(self) -> str:
-        """The failing checks' details, else the warnings', else how many passed."""
+        """The failing checks' details, else the warnings', else how many passed (and how many
+        did not apply)."""
         for level in (FAIL, WARN):
             found = [c.detail for c in self.checks if c.verdict == level]
             if found:
                 return "; ".join(found)
-        return f"{len(self.checks)} checks passed"
+        skipped = sum(c.verdict == NOT_APPLICABLE for c in self.checks)
+        return f"{len(self.checks) - skipped} checks passed" + (
+            f", {skipped} not applicable" if skipped else "")
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "verdict": self.verdict, "summary": self.summary,
