@@ -88,8 +88,9 @@ class WorkerSpec:
     # vLLM's own default is 999 of each). Empty: a text model, and no multimodal flags at all.
     mm_limits: dict[str, int] = field(default_factory=dict)
     # The multimodal processor cache, GiB (vLLM --mm-processor-cache-gb, vLLM's default 4, held
-    # once per API server and once per engine core); with mm_limits only.
-    mm_processor_cache_gb: float = 1.0
+    # once per API server and once per engine core); with mm_limits only. None: extra_args
+    # set it (the caller sized it there).
+    mm_processor_cache_gb: float | None = 1.0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> str:
@@ -135,7 +136,8 @@ def validate(spec: WorkerSpec) -> None:
                 or count < 0:
             raise LaunchError(f"mm_limits: expected modality -> count of 0 or more, got "
                               f"{modality!r}: {count!r}")
-    if spec.mm_limits and not spec.mm_processor_cache_gb >= 0:
+    if spec.mm_limits and spec.mm_processor_cache_gb is not None \
+            and not spec.mm_processor_cache_gb >= 0:
         raise LaunchError(f"mm_processor_cache_gb: must be 0 or more, got "
                           f"{spec.mm_processor_cache_gb!r}")
     _validate_parallelism(spec)
@@ -216,8 +218,9 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
     if spec.mm_limits:
         # vLLM 0.32 reads the JSON form (config/multimodal.py: a count, or count and options).
         argv += ["--limit-mm-per-prompt",
-                 json.dumps(spec.mm_limits, separators=(",", ":"), sort_keys=True),
-                 "--mm-processor-cache-gb", f"{spec.mm_processor_cache_gb:g}"]
+                 json.dumps(spec.mm_limits, separators=(",", ":"), sort_keys=True)]
+        if spec.mm_processor_cache_gb is not None:
+            argv += ["--mm-processor-cache-gb", f"{spec.mm_processor_cache_gb:g}"]
     env = {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

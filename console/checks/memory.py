@@ -15,10 +15,10 @@ from console.catalog.models import DTYPE_BYTES
 from console.checks.base import Finding, Verdict, check, error, warning
 from console.checks.plan import PlanView
 from console.deployments.images import (
-    MM_PROCESSOR_CACHE_GB,
     PROCESSOR_CACHE_COPIES,
     encoder_cache_tokens,
     mm_limits,
+    processor_cache_gb,
 )
 from console.deployments.models import Deployment, WorkerPlan
 from console.fleet.models import GIB, Node
@@ -56,8 +56,9 @@ class Estimate:
     def arithmetic(self) -> str:
         images = ""
         if self.processor_cache:
-            images += (f" + {gib(self.processor_cache)} processor cache ({MM_PROCESSOR_CACHE_GB} "
-                       f"GiB --mm-processor-cache-gb x {PROCESSOR_CACHE_COPIES}: API server and "
+            each = self.processor_cache / PROCESSOR_CACHE_COPIES / GIB
+            images += (f" + {gib(self.processor_cache)} processor cache ({each:g} GiB "
+                       f"--mm-processor-cache-gb x {PROCESSOR_CACHE_COPIES}: API server and "
                        "engine core)")
         if self.encoder_cache:
             images += f" + {gib(self.encoder_cache)} encoder cache ({self.encoder_how})"
@@ -103,7 +104,8 @@ def _multimodal(deployment: Deployment, worker: WorkerPlan, dtype: str) -> tuple
     size = DTYPE_BYTES.get(dtype, 2)
     how = (f"{tokens} tokens ({source}) x width {width} ({variant.num_attention_heads} heads x "
            f"{variant.head_dim}) x {size} B {dtype}")
-    return MM_PROCESSOR_CACHE_GB * GIB * PROCESSOR_CACHE_COPIES, tokens * width * size, how
+    cache = round(processor_cache_gb(deployment)[0] * GIB) * PROCESSOR_CACHE_COPIES
+    return cache, tokens * width * size, how
 
 
 def kv_bytes_per_token(plan: PlanView, worker: WorkerPlan) -> tuple[int, str]:

@@ -68,9 +68,8 @@ _group(OWNED, "set from the plan's tool_call_parser, enable_auto_tool_choice, ch
        "--reasoning-config")
 _group(OWNED, "set from the plan's enforce_eager", "--enforce-eager")
 _group(OWNED, "set from the plan's max_images_per_prompt for a multimodal variant (the router "
-              "enforces the same count), with the processor cache pdserve sizes per worker "
-              "(the memory check counts it)",
-       "--limit-mm-per-prompt", "--mm-processor-cache-gb", "--language-model-only")
+              "enforces the same count)",
+       "--limit-mm-per-prompt", "--language-model-only")
 _group(OWNED, "the supervisor's health probes and the request timeline rely on these logs",
        "--disable-access-log-for-endpoints", "--enable-log-requests", "--max-log-len")
 _group(OWNED, "follows from each instance's GPUs (gpu_indices: tensor parallel over them) and "
@@ -179,7 +178,8 @@ _group(TUNING, "sampling and output options of the API",
        "--enable-flash-late-interaction", "--h11-max-incomplete-event-size",
        "--h11-max-header-count", "--watermark-config")
 _group(TUNING, "multimodal inputs and LoRA adapters (adapters by path are a superuser's)",
-       "--media-io-kwargs", "--mm-processor-kwargs", "--mm-processor-cache-type",
+       "--media-io-kwargs", "--mm-processor-kwargs", "--mm-processor-cache-gb",
+       "--mm-processor-cache-type",
        "--mm-hasher-algorithm", "--mm-shm-cache-max-object-size-mb", "--mm-encoder-tp-mode",
        "--mm-encoder-attn-backend", "--mm-encoder-attn-dtype",
        "--mm-encoder-fp8-scale-save-margin", "--interleave-mm-strings", "--skip-mm-profiling",

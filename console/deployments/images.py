@@ -10,8 +10,10 @@ from console.deployments.models import Deployment, WorkerPlan
 # The multimodal processor cache each worker of a multimodal variant is given, in GiB (vLLM
 # --mm-processor-cache-gb). vLLM 0.32's default is 4 GiB, held once by the API server and once
 # by the engine core (config/multimodal.py): on a small CPU node more than the model. 1 GiB
-# keeps thousands of small processed images.
-MM_PROCESSOR_CACHE_GB = 1
+# keeps thousands of small processed images. A plan sets another size (0: no cache) with the
+# flag among its extra engine flags, and the memory check counts that.
+MM_PROCESSOR_CACHE_GB = 1.0
+PROCESSOR_CACHE_FLAG = "--mm-processor-cache-gb"
 # Processes of one worker that each hold a processor cache of that size: vLLM's API server and
 # its engine core (api_server_count + data_parallel_size, both 1 here).
 PROCESSOR_CACHE_COPIES = 2
@@ -36,15 +38,36 @@ def router_max_images(deployment: Deployment, workers: list[WorkerPlan]) -> int:
     return deployment.max_images_per_prompt if takes_images else 0
 
 
+def _extra_flag(deployment: Deployment, name: str) -> str | None:
+    """The value the plan's extra engine flags give ``name`` (``--flag value`` or
+    ``--flag=value``; vLLM also takes underscores), or None when they do not set it."""
+    names = (name, name.replace("-", "_").replace("__", "--", 1))
+    args = list(deployment.extra_engine_args or ())
+    for index, arg in enumerate(args):
+        flag, _, value = arg.partition("=")
+        if flag in names:
+            return value or (args[index + 1] if index + 1 < len(args) else "")
+    return None
+
+
 def encoder_cache_tokens(deployment: Deployment) -> tuple[int, str]:
     """The encoder cache's budget in tokens, and where it comes from: the plan's
     --max-num-batched-tokens among its extra engine flags, else vLLM's default."""
-    args = list(deployment.extra_engine_args or ())
-    for index, arg in enumerate(args):
-        name, _, value = arg.partition("=")
-        if name in ("--max-num-batched-tokens", "--max_num_batched_tokens"):
-            if not value and index + 1 < len(args):
-                value = args[index + 1]
-            if value.isdigit():
-                return int(value), "--max-num-batched-tokens"
+    value = _extra_flag(deployment, "--max-num-batched-tokens")
+    if value is not None and value.isdigit():
+        return int(value), "--max-num-batched-tokens"
     return DEFAULT_MAX_NUM_BATCHED_TOKENS, "vLLM's default max_num_batched_tokens"
+
+
+def processor_cache_gb(deployment: Deployment) -> tuple[float, bool]:
+    """Each multimodal worker's processor cache in GiB, and whether the plan's extra engine
+    flags set it (then the command line carries theirs, and pdserve adds none)."""
+    value = _extra_flag(deployment, PROCESSOR_CACHE_FLAG)
+    if value is None:
+        return MM_PROCESSOR_CACHE_GB, False
+    try:
+        return float(value), True
+    except ValueError:
+        # vLLM's parser refuses it when the plan is saved (engine_args.py); a plan stored
+        # before that check counts pdserve's size.
+        return MM_PROCESSOR_CACHE_GB, False

@@ -142,10 +142,12 @@ def test_the_form_saves_the_image_fields_and_the_page_shows_them(owner: User,
 
 
 def test_a_users_engine_flags_may_not_set_what_the_plan_owns() -> None:
-    for flags in (["--limit-mm-per-prompt", '{"image": 9}'], ["--mm-processor-cache-gb", "8"],
+    for flags in (["--limit-mm-per-prompt", '{"image": 9}'],
                   ["--limit_mm_per_prompt={\"image\": 9}"], ["--language-model-only"]):
         with pytest.raises(ValidationError, match="max_images_per_prompt"):
             engine_args.validate_engine_args(flags)
+    # The processor cache is a size to tune, which the memory check then counts.
+    engine_args.validate_engine_args(["--mm-processor-cache-gb", "0.5"])
 
 
 # ---- command lines ---------------------------------------------------------------------------
@@ -331,6 +333,21 @@ def test_memory_fit_counts_the_processor_and_encoder_caches_once_each(tmp_path: 
         extra_engine_args=["--max-num-batched-tokens", "4096"])
     deployment.refresh_from_db()
     assert estimate(deployment, worker).encoder_cache == 4096 * 128 * 4
+
+
+def test_a_processor_cache_sized_by_the_plans_flags_is_what_runs_and_what_is_counted(
+        tmp_path: Path, settings: Any, vlm: Variant) -> None:
+    settings.DATA_DIR = tmp_path / "data"
+    for given, counted in ((["--mm-processor-cache-gb", "0"], 0),
+                           (["--mm-processor-cache-gb=0.5"], GIB)):
+        deployment = vlm_plan(tmp_path, vlm, extra_engine_args=given)
+        argv = {spec.slot: spec.argv for spec in process_specs(deployment)}["decode-0"]
+        # The plan's own flag, once: pdserve adds no size of its own beside it.
+        assert sum(a.startswith("--mm-processor-cache-gb") for a in argv) == 1
+        assert given[0] in argv
+        found = estimate(deployment, deployment.workers.get(role="decode"))
+        assert found.processor_cache == counted
+        Deployment.objects.filter(pk=deployment.pk).delete()
 
 
 def test_memory_fit_fails_on_the_processor_cache_alone(tmp_path: Path, vlm: Variant) -> None:
