@@ -26,6 +26,7 @@ import pytest
 
 from tests.borrowed import NAME, Handle, devices_shared
 from tests.console.sockets import free_port
+from tests.e2e.polling import expect_created, wait_until
 
 pytestmark = pytest.mark.vllm
 
@@ -46,17 +47,6 @@ def _colocated_plan(name: str, served: str) -> dict[str, Any]:
             "router": {"port": free_port()}}
 
 
-def _created(response: httpx.Response) -> dict[str, Any]:
-    assert response.status_code == 201, response.text
-    return dict(response.json())
-
-
-def _wait(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.5)
-    return found
 
 
 def _listed(handle: Handle, key: str | None) -> dict[str, dict[str, Any]]:
@@ -78,28 +68,28 @@ def test_one_endpoint_serves_each_deployment_by_name_and_alias_as_its_key_allows
     alias_id = None
     with devices_shared(handle):
         try:
-            colocated = _created(handle.call("POST", "/api/v1/deployments/",
+            colocated = expect_created(handle.call("POST", "/api/v1/deployments/",
                                              json=_colocated_plan(COLOCATED, COLOCATED_MODEL)))
             made.append(colocated["id"])
             assert colocated["checks"]["ok"], colocated["checks"]
             # Planned, never started, and closed by a key of its own: a model this test's key
             # may not use.
-            made.append(_created(handle.call("POST", "/api/v1/deployments/", json=_colocated_plan(
+            made.append(expect_created(handle.call("POST", "/api/v1/deployments/", json=_colocated_plan(
                 CLOSED, CLOSED_MODEL)))["id"])
             assert handle.call("POST", f"/api/v1/deployments/{colocated['id']}/start").status_code == 202
-            own = _created(handle.call("POST", "/api/v1/keys/", json={
+            own = expect_created(handle.call("POST", "/api/v1/keys/", json={
                 "name": "gateway-client", "deployments": [COLOCATED]}))
-            other = _created(handle.call("POST", "/api/v1/keys/", json={
+            other = expect_created(handle.call("POST", "/api/v1/keys/", json={
                 "name": "gateway-other", "deployments": [CLOSED]}))
             keys += [own["id"], other["id"]]
-            alias_id = _created(handle.call("POST", "/api/v1/aliases/", json={
+            alias_id = expect_created(handle.call("POST", "/api/v1/aliases/", json={
                 "name": ALIAS, "targets": [COLOCATED, NAME]}))["id"]
             key = own["key"]
 
-            _wait(lambda: _state(handle, colocated["id"]) == "ready", "the colocated deployment",
+            wait_until(lambda: _state(handle, colocated["id"]) == "ready", "the colocated deployment",
                   420)
             # The gateway hears of the new router within one sync round.
-            listed = _wait(lambda: (found := _listed(handle, key)).get(COLOCATED_MODEL, {}).get(
+            listed = wait_until(lambda: (found := _listed(handle, key)).get(COLOCATED_MODEL, {}).get(
                 "pdserve", {}).get("state") == "running" and found, "the gateway to list it", 30)
             opened = {handle.served_model_name, DEFAULT_MODEL, ALIAS}
             assert set(listed) == opened | {COLOCATED_MODEL}
@@ -159,7 +149,7 @@ def test_one_endpoint_serves_each_deployment_by_name_and_alias_as_its_key_allows
 
             # Its first deployment stopped, the alias is served by the next one.
             assert handle.call("POST", f"/api/v1/deployments/{colocated['id']}/stop").status_code == 202
-            _wait(lambda: _state(handle, colocated["id"]) == "stopped", "the colocated stop", 90)
+            wait_until(lambda: _state(handle, colocated["id"]) == "stopped", "the colocated stop", 90)
             fallback = client.chat.completions.with_raw_response.create(
                 model=ALIAS, max_tokens=3, messages=[{"role": "user", "content": "Hi"}])
             assert fallback.headers["x-pdserve-deployment"] == NAME
@@ -173,7 +163,7 @@ def test_one_endpoint_serves_each_deployment_by_name_and_alias_as_its_key_allows
                 handle.call("POST", f"/api/v1/keys/{key_id}/revoke")
             for deployment_id in made:
                 handle.call("POST", f"/api/v1/deployments/{deployment_id}/stop")
-                _wait(lambda d=deployment_id: _state(handle, d) == "stopped", "a stop", 90)
+                wait_until(lambda d=deployment_id: _state(handle, d) == "stopped", "a stop", 90)
                 assert handle.call("DELETE", f"/api/v1/deployments/{deployment_id}/").status_code == 204
 
 
@@ -301,13 +291,13 @@ def test_a_saturated_deployment_serves_the_high_band_first_sheds_the_flood_and_s
                                      ("interactive", "gw-team-a", "high"),
                                      ("team-a", "gw-team-a", "normal"),
                                      ("team-b", "gw-team-b", "normal")):
-            created = _created(handle.call("POST", "/api/v1/keys/", json={
+            created = expect_created(handle.call("POST", "/api/v1/keys/", json={
                 "name": f"gw-{name}", "team": team, "all_deployments": True,
                 "priority": priority}))
             made.append(created["id"])
             secrets[name] = created["key"]
         # The gateway hears of the keys within one sync round.
-        _wait(lambda: handle.served_model_name in _listed(handle, secrets["batch"]),
+        wait_until(lambda: handle.served_model_name in _listed(handle, secrets["batch"]),
               "the gateway to know the keys", 30)
 
         result = asyncio.run(_saturate(handle, secrets))

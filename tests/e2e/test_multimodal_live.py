@@ -26,7 +26,7 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.borrowed import Handle, devices_shared
 from tests.console.sockets import free_port
+from tests.e2e.polling import expect_created, wait_until
 from tests.tiny_vlm import shared_tiny_vlm
 from tests.worker_key import worker_headers
 
@@ -135,10 +136,6 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _created(response: httpx.Response) -> dict[str, Any]:
-    assert response.status_code == 201, response.text
-    return dict(response.json())
-
 
 def _plan(name: str, family: str, media_dir: Path) -> dict[str, Any]:
     return {"name": name, "base_model": family, "served_model_name": name, "mode": "pd",
@@ -159,13 +156,6 @@ def _plan(name: str, family: str, media_dir: Path) -> dict[str, Any]:
             "router": {"port": free_port()}}
 
 
-def _wait(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(1)
-    return found
-
 
 @contextmanager
 def _started_vlms(handle: Handle, media_dir: Path) -> Iterator[dict[str, VlmDeployment]]:
@@ -176,11 +166,11 @@ def _started_vlms(handle: Handle, media_dir: Path) -> Iterator[dict[str, VlmDepl
         try:
             for key, family in FAMILIES.items():
                 path = shared_tiny_vlm(SMOLLM2, family)
-                _created(handle.call("POST", "/api/v1/models/", json={"name": family}))
-                variant = _created(handle.call("POST", "/api/v1/variants/", json={
+                expect_created(handle.call("POST", "/api/v1/models/", json={"name": family}))
+                variant = expect_created(handle.call("POST", "/api/v1/variants/", json={
                     "base_model": family, "name": "f32", "path": str(path)}))
                 assert "image" in variant["modalities"], variant
-                created = _created(handle.call("POST", "/api/v1/deployments/",
+                created = expect_created(handle.call("POST", "/api/v1/deployments/",
                                                json=_plan(f"vlm-{key}", family, media_dir)))
                 assert created["checks"]["ok"], created["checks"]
                 workers = {w["role"]: f"http://127.0.0.1:{w['port']}" for w in created["workers"]}
@@ -192,7 +182,7 @@ def _started_vlms(handle: Handle, media_dir: Path) -> Iterator[dict[str, VlmDepl
                 response = handle.call("POST", f"/api/v1/deployments/{deployment.id}/start")
                 assert response.status_code == 202, response.text
             for deployment in made.values():
-                _wait(lambda d=deployment: handle.call(
+                wait_until(lambda d=deployment: handle.call(
                     "GET", f"/api/v1/deployments/{d.id}/").json()["state"] == "ready",
                     f"{deployment.name} to be ready", START_TIMEOUT_S)
             yield made
@@ -200,7 +190,7 @@ def _started_vlms(handle: Handle, media_dir: Path) -> Iterator[dict[str, VlmDepl
             for deployment in made.values():
                 handle.call("POST", f"/api/v1/deployments/{deployment.id}/stop")
             for deployment in made.values():
-                _wait(lambda d=deployment: handle.call(
+                wait_until(lambda d=deployment: handle.call(
                     "GET", f"/api/v1/deployments/{d.id}/").json()["state"] == "stopped",
                     f"{deployment.name} to stop", 120)
                 assert handle.call("DELETE", f"/api/v1/deployments/{deployment.id}/").status_code == 204
@@ -363,7 +353,7 @@ def _degraded_mode(borrowed: Handle, deployment: VlmDeployment) -> None:
                    .json()["processes"] if p["slot"] == "prefill-0")
     degraded = _metric(deployment.router, "pdserve_router_degraded_total", missing_role="prefill")
     os.killpg(prefill["pid"], signal.SIGKILL)
-    _wait(lambda: httpx.get(f"{deployment.router}/health", timeout=5).json().get("degraded")
+    wait_until(lambda: httpx.get(f"{deployment.router}/health", timeout=5).json().get("degraded")
           == "prefill", "the router to run without prefill", 60)
     client = openai.OpenAI(base_url=f"{deployment.router}/v1", api_key="unused", max_retries=0,
                            timeout=120)
