@@ -256,6 +256,7 @@ def test_images_through_prefill_decode(borrowed: Handle, media_dir: Path, image_
     with _started_vlms(borrowed, media_dir) as vlms:
         for family in sorted(FAMILIES):
             _equal_to_a_single_server(vlms[family], family, media_dir, image_server)
+        _usage_counts_image_tokens(borrowed, vlms["idefics3"])
         _bad_images_refused(vlms["idefics3"], tmp_path, image_server)
         _degraded_mode(borrowed, vlms["paddle"])
 
@@ -297,6 +298,29 @@ def _equal_to_a_single_server(deployment: VlmDeployment, family: str, media_dir:
     text_only = [{"role": "user", "content": [{"type": "text", "text": "Describe the picture."}]}]
     assert _prompt_tokens_through_router(deployment, [_user("Describe the picture.", one)]) > \
         _prompt_tokens_through_router(deployment, text_only)
+
+
+def _usage_counts_image_tokens(handle: Handle, deployment: VlmDeployment) -> None:
+    """The usage ledger (the router's, read into the console every 5 s) counts an image
+    request's prompt tokens as vLLM counted them, image tokens included."""
+    def ledger() -> int:
+        rows = handle.call("GET", "/api/v1/usage/", params={
+            "deployment": deployment.id, "group_by": "deployment"}).json()["results"]
+        return sum(row["prompt_tokens"] for row in rows)
+
+    def settled() -> int | None:
+        first = ledger()
+        time.sleep(6)  # past one sync round: what the earlier requests counted is in
+        return first if ledger() == first else None
+
+    before = wait_until(settled, "the usage ledger to settle", 60)
+    with_image = _prompt_tokens_through_router(
+        deployment, [_user("Describe the picture.", _data_url(_png(7)))])
+    text_alone = _prompt_tokens_through_router(deployment, [{"role": "user", "content": [
+        {"type": "text", "text": "Describe the picture."}]}])
+    assert with_image > text_alone
+    wait_until(lambda: ledger() - before == with_image + text_alone,
+               f"the ledger to grow by {with_image} + {text_alone} prompt tokens", 30)
 
 
 def _requests_served(url: str, headers: dict[str, str]) -> float:
