@@ -12,6 +12,7 @@ import aiohttp
 
 from inference.router.backends import Backend, NoBackendAvailable, Pool
 from inference.router.config import RouterConfig
+from inference.router.errors import error_response
 from inference.router.metrics import RouterMetrics
 from inference.router.prompts import ParsedRequest
 from inference.router.timeline import Timeline
@@ -20,7 +21,6 @@ from inference.router.upstream import (
     RequestTimedOut,
     UpstreamError,
     describe,
-    error_response,
     never_sent,
     ran_out_of_time,
     relay,

@@ -15,6 +15,7 @@ from aiohttp import web
 from inference.router.adaptive import AdaptivePlacer
 from inference.router.backends import Backend, KvLease, NoBackendAvailable
 from inference.router.calls import WorkerCalls
+from inference.router.errors import error_response, sse_error_message
 from inference.router.handoff import PATHS
 from inference.router.metrics import RouterMetrics
 from inference.router.migration import MAX_MIGRATIONS, StreamRelay, why_not_continuable
@@ -23,12 +24,10 @@ from inference.router.timeline import Timeline
 from inference.router.upstream import (
     BackendFailure,
     describe,
-    error_response,
     never_sent,
     ran_out_of_time,
     relay,
     sse_error,
-    sse_error_message,
     stream_usage_counts,
     upstream_message,
     usage_counts,

@@ -36,6 +36,7 @@ from inference.router.backends import (
 from inference.router.budgets import BudgetMeter
 from inference.router.client_input import openai_errors, parse_json
 from inference.router.config import RouterConfig, build_parser, config_from_args
+from inference.router.errors import RequestError, error_response
 from inference.router.forward import REVISION_HEADER
 from inference.router.groups import (
     ACTIVE,
@@ -54,7 +55,6 @@ from inference.router.prompts import (
     ParsedRequest,
     Prompt,
     PromptChecker,
-    RequestError,
 )
 from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
 from inference.router.selection import SESSION_HEADER, Selector, session_key
@@ -64,7 +64,6 @@ from inference.router.upstream import (
     BackendFailure,
     RequestTimedOut,
     UpstreamError,
-    error_response,
     relay,
 )
 from inference.router.usage import UsageLedger
@@ -455,7 +454,7 @@ class Router:
         try:
             placement = asked_placement(request.headers, key)
         except RequestError as exc:
-            return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+            return exc.response(request_id)
         # The cheap limits first, before the body is even read: a key whose budget is spent, or
         # over its request rate or its concurrency, costs the router no parsing and no
         # tokenizing.
@@ -484,7 +483,7 @@ class Router:
                     if timeline.images:
                         parsed = dataclasses.replace(parsed, body=body, images=timeline.images)
             except RequestError as exc:
-                return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+                return exc.response(request_id)
             if placement is not None:
                 parsed = dataclasses.replace(parsed, placement=placement)
             answer: web.StreamResponse | None = None
@@ -553,7 +552,7 @@ class Router:
             if self._routes_by_ids(group, parsed):
                 await self.tokenizing.ids(parsed.prompt)
         except RequestError as exc:
-            return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+            return exc.response(request_id)
         except UpstreamError as exc:  # the worker's own refusal of what it cannot render
             timeline.error = f"worker answered {exc.response.status} to /tokenize"
             return exc.response

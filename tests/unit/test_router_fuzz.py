@@ -27,8 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inference.router.config import RouterConfig
+from inference.router.errors import error_type
 from inference.router.keys import key_hash
-from inference.router.prompts import PromptChecker, error_type
+from inference.router.prompts import PromptChecker
 from inference.router.server import Router
 from tests.unit.conftest import MODEL, wait_until
 

@@ -12,7 +12,7 @@ import pytest_asyncio
 from aiohttp import ClientResponse
 
 from inference.router.config import build_parser, config_from_args
-from inference.router.prompts import error_type
+from inference.router.errors import error_type
 from tests.unit.conftest import MODEL, RunningRouter, StubVLLM, wait_until
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
@@ -360,7 +360,7 @@ def test_cli_config_rejects_inconsistent_settings(argv: list[str], flag: str) ->
 
 def test_error_bodies_are_openai_shaped() -> None:
     # Clients such as the openai SDK read error.message / error.code; keep the shape stable.
-    from inference.router.prompts import RequestError
+    from inference.router.errors import RequestError
 
     body = RequestError(400, "bad", param="messages", code="x").body()
     assert json.loads(json.dumps(body)) == {
