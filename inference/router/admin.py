@@ -20,10 +20,12 @@ from typing import Any
 from aiohttp import web
 
 from inference.router.admin_shapes import RouterControl, backend_url, describe
+from inference.router.budgets import BudgetMeter
 from inference.router.client_input import parse_json
 from inference.router.errors import RequestError, error_response
 from inference.router.groups import DRAINING, Group
 from inference.router.groups_admin import GroupsAdmin
+from inference.router.keys import Gatekeeper
 from inference.router.keys_admin import KeysAdmin
 from inference.router.usage import UsageLedger, UsageUnavailable, check_day
 
@@ -31,8 +33,11 @@ PATH = "/admin/backends"
 
 
 class AdminAPI:
-    def __init__(self, router: RouterControl, token: str | None, usage: UsageLedger):
+    def __init__(self, router: RouterControl, gate: Gatekeeper, budgets: BudgetMeter,
+                 token: str | None, usage: UsageLedger):
         self.router = router
+        self.gate = gate
+        self.budgets = budgets
         self.token = token
         self.usage = usage
 
@@ -41,7 +46,7 @@ class AdminAPI:
         app.router.add_post(PATH, self.add_backend)
         app.router.add_delete(PATH, self.remove_backend)
         app.router.add_get("/admin/usage", self.usage_rows)
-        KeysAdmin(self.router.gate, self._denied, self.router.budgets).add_routes(app)
+        KeysAdmin(self.gate, self._denied, self.budgets).add_routes(app)
         GroupsAdmin(self.router, self._denied).add_routes(app)
 
     def _denied(self, request: web.Request) -> web.Response | None:

@@ -10,15 +10,14 @@ from yarl import URL
 from inference.router.backends import Backend
 from inference.router.errors import RequestError
 from inference.router.groups import Group
-from inference.router.keys import Gatekeeper
 from inference.router.selection import Selector
 
 
 class RouterControl(Protocol):
-    """What the admin API reads and changes of the router (server.Router), named here so that
-    the request path reads one way: the server builds the admin API, never the reverse."""
+    """What the admin API reads and changes of the router's groups and workers
+    (registry.Registry), named here so that the modules read one way: the server builds the
+    admin API, never the reverse."""
 
-    gate: Gatekeeper
     groups: dict[str, Group]
     selector: Selector
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from inference.router.backends import Backend, NoBackendAvailable, Pool
+from inference.router.backends import Backend, Pool
 from inference.router.config import RouterConfig
 from inference.router.errors import error_response
 from inference.router.metrics import RouterMetrics
@@ -44,18 +44,6 @@ class WorkerCalls:
         choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (), exclude)
         self.metrics.decision(role, pool.policy.name, choice.outcome)
         return choice.backend
-
-    def pick_again(self, role: str, parsed: ParsedRequest,
-                   failure: BackendFailure) -> Backend | None:
-        """Where a failed call goes once more: another ready worker of the role; or, if the
-        request never reached the failed one and it is still up (a connect timeout on a
-        saturated host does not take it out), that one again. None: nowhere."""
-        try:
-            return self.pick(role, parsed, exclude=failure.backend)
-        except NoBackendAvailable:
-            if failure.unsent and failure.backend.healthy and not failure.backend.draining:
-                return failure.backend
-            return None
 
     def budget(self, timeline: Timeline) -> aiohttp.ClientTimeout:
         """What is left of the request's overall timeout, for the next backend call: a PD

@@ -13,13 +13,15 @@ import aiohttp
 from aiohttp import web
 
 from inference.router.adaptive import AdaptivePlacer
-from inference.router.backends import Backend, KvLease, NoBackendAvailable
+from inference.router.backends import Backend, KvLease
 from inference.router.calls import WorkerCalls
+from inference.router.degraded import DegradedMode
 from inference.router.errors import error_response, sse_error_message
 from inference.router.handoff import PATHS
 from inference.router.metrics import RouterMetrics
 from inference.router.migration import MAX_MIGRATIONS, StreamRelay, why_not_continuable
 from inference.router.prompts import ParsedRequest
+from inference.router.retry import retry_target, untried_worker
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
     BackendFailure,
@@ -40,17 +42,22 @@ REVISION_HEADER = "X-Pdserve-Revision"
 
 
 class Forwarder:
-    def __init__(self, calls: WorkerCalls, metrics: RouterMetrics, placer: AdaptivePlacer | None):
+    def __init__(self, calls: WorkerCalls, metrics: RouterMetrics, placer: AdaptivePlacer | None,
+                 degraded: DegradedMode):
         self.calls = calls
         self.metrics = metrics
         self.placer = placer
+        self.degraded = degraded
 
     async def forward(self, request: web.Request, role: str, parsed: ParsedRequest,
                       body: bytes, timeline: Timeline,
-                      handoff: KvLease | None = None) -> web.StreamResponse:
+                      handoff: KvLease | None = None,
+                      local_prefill: bool = False) -> web.StreamResponse:
         """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
         ``handoff``: the prefill worker's KV that decode must load; released once decode has
-        started answering (the caller releases it on every other way out).
+        started answering (the caller releases it on every other way out). ``local_prefill``:
+        decode computes the prompt, so its time to the first token measures the prefill speed
+        on decode (adaptive.py) unless another worker takes over.
 
         A worker that fails before anything reached the client is replaced (see
         ``_replacement``); a stream cut mid-way goes on on another worker (migration.py)."""
@@ -65,11 +72,11 @@ class Forwarder:
         while True:
             try:
                 return await self._call(request, role, parsed, backend, body, timeline, handoff,
-                                        stream, tried)
+                                        stream, tried, local_prefill and len(tried) == 1)
             except BackendFailure as exc:
                 if exc.timed_out or len(tried) > MAX_MIGRATIONS:
                     raise
-                # A decode that failed before the first byte and has no peer is the server's
+                # A decode that failed before the first byte and has no peer is dispatch.py's
                 # to hand to prefill (degraded mode, the client's own body).
                 replacement = self._replacement(role, parsed, exc, tried, to_prefill=False)
                 if replacement is None:
@@ -99,40 +106,29 @@ class Forwarder:
     def _replacement(self, role: str, parsed: ParsedRequest, failure: BackendFailure,
                      tried: list[Backend], to_prefill: bool = True
                      ) -> tuple[str, Backend, bool] | None:
-        """Where a request goes after ``failure``: another ready worker of ``role`` not tried
-        yet; for a call that never reached its worker, that worker again if it is still up
-        and has no peer (a connect timeout on a saturated host does not take it out); else
-        the other role of a PD group (a decode failure goes to prefill in degraded mode, which
-        runs the request whole; a whole request on prefill goes to decode). Returns the role,
-        the worker and whether the call is repeated as it was (same role, KV hand-off kept)."""
-        pools = self.calls.pools
-        backend = self._pick(role, parsed, tried)
+        """Where a request goes after ``failure``: where retry.py says in ``role``; else the
+        other role of a PD group (a decode failure goes to prefill in degraded mode, which runs
+        the request whole, when ``to_prefill``; a whole request on prefill goes to decode).
+        Returns the role, the worker and whether the call is repeated as it was (same role, KV
+        hand-off kept)."""
+        pools, metrics = self.calls.pools, self.metrics
+        backend = retry_target(pools[role], parsed, failure, tried, metrics)
         if backend is not None:
             return role, backend, True
-        failed = failure.backend
-        if failure.unsent and failed.healthy and not failed.draining and tried.count(failed) == 1:
-            return role, failed, True
-        other = {"decode": "prefill", "prefill": "decode"}.get(role)
-        if other is None or other not in pools:
+        if role == "decode":
+            if not to_prefill or self.degraded.instead_of(pools, "decode") is None:
+                return None
+            other = "prefill"
+        elif role == "prefill" and "decode" in pools:
+            other = "decode"
+        else:
             return None
-        if other == "prefill" and not (to_prefill and self.calls.config.degraded_mode):
-            return None
-        backend = self._pick(other, parsed, tried)
+        backend = untried_worker(pools[other], parsed, tried, metrics)
         if backend is None:
             return None
         if other == "prefill":
-            self.metrics.degraded.labels("decode", self.calls.revision).inc()
+            self.degraded.counted("decode")
         return other, backend, False
-
-    def _pick(self, role: str, parsed: ParsedRequest, tried: list[Backend]) -> Backend | None:
-        pool = self.calls.pools[role]
-        try:
-            choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (),
-                               only=lambda b: b not in tried)
-        except NoBackendAvailable:
-            return None
-        self.metrics.decision(role, pool.policy.name, choice.outcome)
-        return choice.backend
 
     def _migrated(self, timeline: Timeline, reason: str, failed: Backend, role: str,
                   backend: Backend, sent_tokens: int) -> None:
@@ -144,7 +140,7 @@ class Forwarder:
     async def _call(self, request: web.Request, role: str, parsed: ParsedRequest,
                     backend: Backend, body: bytes, timeline: Timeline,
                     handoff: KvLease | None, stream: StreamRelay | None,
-                    tried: list[Backend]) -> web.StreamResponse:
+                    tried: list[Backend], measure_local: bool) -> web.StreamResponse:
         request_id = timeline.request_id
         self._name(timeline, role, backend)
         # The first dispatch: a retry is marked as such after it.
@@ -173,7 +169,7 @@ class Forwarder:
                     timeline.prompt_tokens, timeline.completion_tokens = usage_counts(payload)
                 return relay(upstream.status, payload, upstream, request_id)
             return await self._stream(request, role, parsed, backend, upstream, timeline,
-                                      handoff, stream, tried)
+                                      handoff, stream, tried, measure_local)
 
     @staticmethod
     def _name(timeline: Timeline, role: str, backend: Backend) -> None:
@@ -185,14 +181,14 @@ class Forwarder:
     async def _stream(self, request: web.Request, role: str, parsed: ParsedRequest,
                       backend: Backend, upstream: aiohttp.ClientResponse,
                       timeline: Timeline, handoff: KvLease | None, stream: StreamRelay,
-                      tried: list[Backend]) -> web.StreamResponse:
+                      tried: list[Backend], measure_local: bool) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Request-Id": timeline.request_id,
             REVISION_HEADER: self.calls.revision,
         })
-        pump = _Pump(self, request, response, parsed, timeline, stream)
+        pump = _Pump(self, request, response, parsed, timeline, stream, measure_local)
         outcome = await pump.run(upstream, backend, handoff)
         if isinstance(outcome, BaseException) and not response.prepared:
             # Nothing reached the client: the caller's block turns this into BackendFailure,
@@ -316,13 +312,15 @@ class _Pump:
     ENDED, CLIENT_GONE, FAILED = object(), object(), object()
 
     def __init__(self, forwarder: Forwarder, request: web.Request, response: web.StreamResponse,
-                 parsed: ParsedRequest, timeline: Timeline, stream: StreamRelay):
+                 parsed: ParsedRequest, timeline: Timeline, stream: StreamRelay,
+                 measure_local: bool):
         self.forwarder = forwarder
         self.request = request
         self.response = response
         self.parsed = parsed
         self.timeline = timeline
         self.stream = stream
+        self.measure_local = measure_local
         # Unless the stream is continuable, its bytes go on as they come, unparsed.
         self.parsing = stream.blocked is None
         self.itl = forwarder.metrics.itl_seconds.labels(forwarder.calls.revision)
@@ -395,8 +393,7 @@ class _Pump:
         forwarder.metrics.first_byte_seconds.labels(parsed.endpoint, forwarder.calls.revision
                                                     ).observe(timeline.since_arrival())
         timeline.mark("first_token")
-        if (forwarder.placer is not None and timeline.kv.get("local_prefill")
-                and timeline.retried_from is None):
+        if forwarder.placer is not None and self.measure_local:
             # The prompt's prefill on decode, plus the wait for the worker's step in
             # progress: what its streams paused for.
             forwarder.placer.local_speed.observe(

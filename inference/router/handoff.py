@@ -16,6 +16,7 @@ from inference.router.calls import WorkerCalls
 from inference.router.config import RouterConfig
 from inference.router.metrics import RouterMetrics
 from inference.router.prompts import ParsedRequest
+from inference.router.retry import retry_target
 from inference.router.timeline import Timeline
 from inference.router.upstream import BackendFailure, RequestTimedOut, prompt_token_ids
 
@@ -177,11 +178,11 @@ class PrefillStage:
     async def _retry(self, parsed: ParsedRequest, body: dict[str, Any],
                      failure: BackendFailure,
                      timeline: Timeline) -> tuple[dict[str, Any], Backend]:
-        """Once, where WorkerCalls.pick_again says; the answer and the worker that gave it.
+        """Once, where retry.py says; the answer and the worker that gave it.
         Safe: the client has received nothing yet, and a one-token prefill has no effect a
         second run could repeat."""
         first = failure.backend
-        backend = self.calls.pick_again("prefill", parsed, failure)
+        backend = retry_target(self.pool, parsed, failure, [first], self.metrics)
         if backend is None:
             raise BackendFailure("prefill", first,
                                  f"{failure.detail}; no other ready prefill worker to retry on"

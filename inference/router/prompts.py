@@ -90,7 +90,7 @@ class ParsedRequest:
     # request is sent whole to one worker, which computes its own prompt.
     whole: str | None = None
     # A chat request the router cannot render exactly as vLLM does (tools, tool messages,
-    # non-text parts): its tokens come from a worker's /tokenize (see Router._render_on_worker).
+    # non-text parts): its tokens come from a worker's /tokenize (see RequestPath._render_on_worker).
     render_on_worker: bool = False
     # The field to name if the prompt is too long, when only its exact token count can tell
     # (``PromptChecker.check_length``); None: it surely fits, or its worker checks it.

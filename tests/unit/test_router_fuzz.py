@@ -286,7 +286,7 @@ class Harness:
     async def start(self) -> None:
         await self.server.start_server()
         self.session = ClientSession()
-        await wait_until(lambda: all(pool.ready() for pool in self.router.pools.values()))
+        await wait_until(lambda: all(pool.ready() for pool in self.router.registry.primary.pools.values()))
 
     async def close(self) -> None:
         if self.session is not None:

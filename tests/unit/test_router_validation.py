@@ -291,8 +291,8 @@ async def test_health_with_decode_down_is_degraded_or_with_the_switch_off_unavai
                                  degraded_mode=degraded_mode)
     router = running.router
     # Wait for a completed probe round, so "not ready" is a verdict rather than the initial state.
-    await wait_until(lambda: bool(router.pools["prefill"].ready())
-                     and bool(router.pools["decode"].backends[0].last_error))
+    await wait_until(lambda: bool(router.registry.primary.pools["prefill"].ready())
+                     and bool(router.registry.primary.pools["decode"].backends[0].last_error))
     response = await running.client.get("/health")
     assert response.status == status
     body = await response.json()
