@@ -6,7 +6,6 @@ against the key's limits."""
 from __future__ import annotations
 
 import json
-import uuid
 
 from aiohttp import web
 
@@ -21,7 +20,7 @@ from inference.router.metrics import RouterMetrics
 from inference.router.ratelimit import RateLimiter, Refused
 from inference.router.registry import Registry
 from inference.router.selection import SESSION_HEADER, session_key
-from inference.router.timeline import Timeline
+from inference.router.timeline import Timeline, new_request_id
 from inference.router.upstream import BackendFailure, RequestTimedOut, relay
 
 # vLLM routes that need no PD split: any one ready worker answers them, as vLLM would.
@@ -47,7 +46,7 @@ class PassThrough:
         app.router.add_get("/version", self.pass_through)
 
     async def models(self, request: web.Request) -> web.Response:
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        request_id = request.headers.get("X-Request-Id") or new_request_id()
         if isinstance(denied := self.admission.check_auth(request, request_id), web.Response):
             return denied
         return web.json_response({
@@ -64,7 +63,7 @@ class PassThrough:
     async def pass_through(self, request: web.Request) -> web.StreamResponse:
         """A vLLM route relayed to one ready worker of the request's group (decode first: it
         renders as chat does)."""
-        timeline = Timeline(request.headers.get("X-Request-Id") or uuid.uuid4().hex, "other")
+        timeline = Timeline(request.headers.get("X-Request-Id") or new_request_id(), "other")
         if isinstance(key := self.admission.check_auth(request, timeline.request_id), web.Response):
             return key
         ticket = None

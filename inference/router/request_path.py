@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import uuid
 
 from aiohttp import web
 
@@ -31,7 +30,7 @@ from inference.router.prompts import ParsedRequest, Prompt, PromptChecker
 from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
 from inference.router.registry import Registry
 from inference.router.selection import SESSION_HEADER, session_key
-from inference.router.timeline import CLIENT_GONE, Timeline
+from inference.router.timeline import CLIENT_GONE, Timeline, new_request_id
 from inference.router.tokenizing import TokenizerBusy, Tokenizing
 from inference.router.upstream import BackendFailure, UpstreamError
 from inference.router.usage import UsageLedger
@@ -69,7 +68,7 @@ class RequestPath:
         return await self._serve(request, "completions")
 
     async def _serve(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        timeline = Timeline(request.headers.get("X-Request-Id") or uuid.uuid4().hex, endpoint)
+        timeline = Timeline(request.headers.get("X-Request-Id") or new_request_id(), endpoint)
         try:
             response = await self._serve_inner(request, endpoint, timeline)
         except asyncio.CancelledError:
