@@ -41,6 +41,16 @@ log = logging.getLogger("pdserve.router")
 REVISION_HEADER = "X-Pdserve-Revision"
 
 
+def with_token_ids(body: bytes) -> bytes:
+    """``body``, a JSON object, asking the worker for the answer's token ids: the member is
+    appended to the bytes rather than the body parsed and serialized again (hot path: once per
+    streamed request). Should the client have sent the field too, the last one counts, in
+    vLLM's JSON parser as in Python's."""
+    head = body.rstrip()[:-1].rstrip()
+    return head + (b'"return_token_ids":true}' if head.endswith(b"{") else
+                   b',"return_token_ids":true}')
+
+
 class Forwarder:
     def __init__(self, calls: WorkerCalls, metrics: RouterMetrics, placer: AdaptivePlacer | None,
                  degraded: DegradedMode):
@@ -65,7 +75,7 @@ class Forwarder:
         if blocked is None:
             # The answer's token ids, which a continuation needs; the client does not see them
             # unless it asked for them itself.
-            body = json.dumps({**json.loads(body), "return_token_ids": True}).encode()
+            body = with_token_ids(body)
         stream = StreamRelay(parsed, blocked) if parsed.stream else None
         backend = self.calls.pick(role, parsed)
         tried = [backend]
