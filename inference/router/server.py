@@ -18,6 +18,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from inference.router import logs
 from inference.router.admin import AdminAPI
 from inference.router.admission import Admission
 from inference.router.budgets import BudgetMeter
@@ -143,14 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # One timeline line is logged per request: spare each record what the format never prints
-    # (a walk up the stack for the caller, thread and process names), as the logging HOWTO's
-    # "Optimization" section suggests.
-    logging._srcfile = None
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
+    logs.configure()
     checker = PromptChecker(
         config.tokenizer_path, config.served_model_name, config.max_model_len,
         Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template else None)
