@@ -17,6 +17,9 @@ from typing import Any
 EVENTS = ("received", "prefill_queued", "prefill_dispatched", "prefill_retried", "prefill_done",
           "decode_dispatched", "decode_retried", "first_token", "migrated", "last_token")
 
+# json.dumps with any option but the defaults builds a new encoder per call (hot path).
+COMPACT = json.JSONEncoder(separators=(",", ":"))
+
 # nginx's status for a client that closed the connection before the answer was done: the
 # status a request's timeline ends with when its client goes away.
 CLIENT_GONE = 499
@@ -68,7 +71,7 @@ class Timeline:
         return time.perf_counter() - self.arrived
 
     def to_json(self) -> str:
-        return json.dumps({
+        return COMPACT.encode({
             "request_id": self.request_id,
             "endpoint": self.endpoint,
             "revision": self.revision,
@@ -85,4 +88,4 @@ class Timeline:
             "kv": self.kv,
             "status": self.status,
             "error": self.error,
-        }, separators=(",", ":"))
+        })
