@@ -7,6 +7,7 @@ the prefill and decode workers' lines for the same id.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -25,10 +26,16 @@ COMPACT = json.JSONEncoder(separators=(",", ":"))
 CLIENT_GONE = 499
 
 
+# Request ids: 20 random hex digits drawn once per process, then a 12-digit count.
+_ID_PREFIX = os.urandom(10).hex()
+_ids = itertools.count()
+
+
 def new_request_id() -> str:
-    """An id for a request that came without X-Request-Id: uuid4().hex's shape, 32 random hex
-    digits, without building a UUID object (hot path: once per request)."""
-    return os.urandom(16).hex()
+    """An id for a request that came without X-Request-Id, 32 hex digits as uuid4().hex's:
+    unique within the process by its count, across processes and restarts by its random prefix,
+    and made without a system call or a UUID object (hot path: once per request)."""
+    return f"{_ID_PREFIX}{next(_ids) % 16**12:012x}"
 
 
 @dataclass
