@@ -1,5 +1,6 @@
 """One call to one worker: picking it, the request's remaining time budget, the JSON call that
-prefill makes, and what a failed call tells the pool (passive health, the circuit breaker)."""
+prefill makes, and what a failed call tells its worker (passive health, the circuit breaker in
+backends.py)."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ class WorkerCalls:
                 # worth trying on another worker; the worker itself may well be healthy.
                 self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}",
                                                    self.revision).inc()
-                self.call_failed(backend)
+                backend.call_failed()
                 raise BackendFailure(backend.role, backend,
                                      f"answered {upstream.status}: {upstream_message(payload)}",
                                      retriable=True)
@@ -110,12 +111,7 @@ class WorkerCalls:
         if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
                             aiohttp.ClientPayloadError)):
             # Passive health: stop sending to it now; the probe puts it back when it answers.
+            # Timeouts are not failed calls: a slow worker is the probe's business, and a
+            # request may run out of its own budget on a healthy worker.
             backend.mark(False, describe(exc))
-            self.call_failed(backend)
-
-    def call_failed(self, backend: Backend) -> None:
-        # Timeouts are not counted: a slow worker is the probe's business (slow probes in a
-        # row), and a request may run out of its own budget on a healthy worker. The breaker's
-        # opening is logged by the backend, once.
-        if backend.call_failed(self.config.breaker_failures, self.config.breaker_cooldown_s):
-            self.metrics.breaker_opened.labels(backend.role, backend.url).inc()
+            backend.call_failed()

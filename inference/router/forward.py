@@ -168,7 +168,7 @@ class Forwarder:
                     return self._handoff_failed(backend, handoff.backend.url, upstream.status,
                                                 payload, timeline)
                 if upstream.status >= 500:
-                    self.calls.call_failed(backend)
+                    backend.call_failed()
                 elif upstream.status == 200:
                     backend.call_succeeded()
                 self.metrics.first_byte_seconds.labels(parsed.endpoint, self.calls.revision).observe(
@@ -280,7 +280,7 @@ class Forwarder:
                 if upstream.status != 200:
                     payload = await upstream.read()
                     if upstream.status >= 500:
-                        self.calls.call_failed(backend)
+                        backend.call_failed()
                     message = (f"{role} worker {failed.url} failed mid-stream "
                                f"({describe(exc)}); its continuation on {backend.url} was "
                                f"answered {upstream.status}: {upstream_message(payload)}")

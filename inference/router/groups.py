@@ -21,7 +21,7 @@ from typing import Any
 
 from inference.kv_channels import uses_transfer_params
 from inference.router.adaptive import AdaptivePlacer, PrefillQueue
-from inference.router.backends import Backend, Pool
+from inference.router.backends import Backend, Breaker, Pool
 from inference.router.calls import WorkerCalls
 from inference.router.config import RouterConfig
 from inference.router.degraded import DegradedMode
@@ -176,11 +176,13 @@ def build_group(config: RouterConfig, metrics: RouterMetrics, revision: str, mod
     ``config``. Its sessions are opened by Group.open."""
     policies = {"prefill": config.prefill_policy, "decode": config.decode_policy,
                 "colocated": config.colocated_policy}
+    breaker = Breaker(config.breaker_failures, config.breaker_cooldown_s,
+                      on_open=lambda b: metrics.breaker_opened.labels(b.role, b.url).inc())
     pools = {
         role: Pool(role, tuple(urls.get(role, ())),
                    make_policy(policies[role], prefix_block_size=config.prefix_block_size,
                                prefix_blocks=config.prefix_blocks),
-                   worker_key=config.worker_key)
+                   worker_key=config.worker_key, breaker=breaker)
         for role in ROLES[mode]
     }
     placer = None
