@@ -95,7 +95,7 @@ class Dispatcher:
             return await self._degraded(group, request, parsed, raw, timeline, missing="prefill")
         if parsed.whole is not None:
             self.metrics.pd_fallback.labels(parsed.whole, group.revision).inc()
-            timeline.kv = {"whole_on_decode": parsed.whole}
+            timeline.kv["whole_on_decode"] = parsed.whole
             return await forwarder.forward(request, "decode", parsed, raw, timeline)
         if parsed.placement is not None or group.placer is not None:
             placement = (Placement(parsed.placement, "asked") if parsed.placement is not None
@@ -103,7 +103,7 @@ class Dispatcher:
                                                  pools["prefill"].ready(),
                                                  pools["decode"].ready()))
             self.metrics.placements.labels(placement.where, placement.reason).inc()
-            timeline.kv = {"placement": placement.where}
+            timeline.kv["placement"] = placement.where
             if placement.where == "local":
                 self.metrics.local_prefill.inc()
                 timeline.kv["local_prefill"] = True
@@ -114,7 +114,7 @@ class Dispatcher:
         elif (self.config.local_prefill_max_tokens
               and len(parsed.prompt_token_ids) <= self.config.local_prefill_max_tokens):
             self.metrics.local_prefill.inc()
-            timeline.kv = {"local_prefill": True}
+            timeline.kv["local_prefill"] = True
             return await forwarder.forward(request, "decode", parsed, raw, timeline,
                                            local_prefill=True)
         assert group.prefill_stage is not None  # a PD group has a prefill pool
@@ -142,6 +142,6 @@ class Dispatcher:
                         raw: bytes, timeline: Timeline, missing: str) -> web.StreamResponse:
         """Serve without ``missing`` (see degraded.py)."""
         group.degraded.counted(missing)
-        timeline.kv = {**timeline.kv, "degraded": f"no {missing} worker ready"}
+        timeline.kv["degraded"] = f"no {missing} worker ready"
         serving = "prefill" if missing == "decode" else "decode"
         return await group.forwarder.forward(request, serving, parsed, raw, timeline)

@@ -114,8 +114,8 @@ class PrefillStage:
         decode_body = dict(parsed.body)
         kv_params = data.get("kv_transfer_params")
         if isinstance(kv_params, dict):
-            timeline.kv = {key: kv_params.get(key) for key in
-                           ("remote_engine_id", "remote_num_tokens", "remote_prefill_cached_tokens")}
+            timeline.kv.update({key: kv_params.get(key) for key in (
+                "remote_engine_id", "remote_num_tokens", "remote_prefill_cached_tokens")})
         if prefill_ids is None:
             self.metrics.pd_fallback.labels("no_prompt_token_ids", self.calls.revision).inc()
             return decode_body, False

@@ -60,6 +60,8 @@ class Timeline:
     # Image parts the request carried (each checked and, if a file or remote, inlined: media.py).
     images: int = 0
     streamed: bool = False
+    # Where the prompt was prefilled and how it was handed over: each stage adds its part
+    # (placement, the transfer's parameters, a fallback), none replaces what is there.
     kv: dict[str, Any] = field(default_factory=dict)
     status: int | None = None
     error: str | None = None
