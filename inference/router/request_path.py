@@ -70,7 +70,7 @@ class RequestPath:
     async def _serve(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         timeline = Timeline(request.headers.get("X-Request-Id") or new_request_id(), endpoint)
         try:
-            response = await self._serve_inner(request, endpoint, timeline)
+            response = await self._admitted(request, endpoint, timeline)
         except asyncio.CancelledError:
             # aiohttp cancels the handler when the client goes away (handler_cancellation);
             # leaving cancels the calls to the workers, and vLLM aborts their requests.
@@ -90,8 +90,10 @@ class RequestPath:
         self.metrics.record_request(timeline)
         timeline_log.info("timeline %s", timeline.to_json())
 
-    async def _serve_inner(self, request: web.Request, endpoint: str,
-                           timeline: Timeline) -> web.StreamResponse:
+    async def _admitted(self, request: web.Request, endpoint: str,
+                        timeline: Timeline) -> web.StreamResponse:
+        """The key and its cheap limits, then the body read and checked; metered on every way
+        out once it is parsed."""
         request_id = timeline.request_id
         if isinstance(key := self.admission.check_auth(request, request_id), web.Response):
             return key
@@ -132,7 +134,7 @@ class RequestPath:
                 parsed = dataclasses.replace(parsed, placement=placement)
             answer: web.StreamResponse | None = None
             try:
-                answer = await self._serve_parsed(request, parsed, raw, key, ticket, timeline)
+                answer = await self._in_group(request, parsed, raw, key, ticket, timeline)
                 return answer
             finally:
                 # Metered on every way out from here, a client that left included (no answer).
@@ -140,21 +142,6 @@ class RequestPath:
         finally:
             if ticket is not None and not ticket.settled:
                 await self.admission.release(ticket)
-
-    async def _serve_parsed(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
-                            key: ApiKey | None, ticket: Ticket | None,
-                            timeline: Timeline) -> web.StreamResponse:
-        # Picked once the body is parsed: its `user` may name the session.
-        group = self.registry.selector.pick(self.registry.groups,
-                                   session_key(request.headers.get(SESSION_HEADER), parsed.body))
-        if group is None:
-            return self.dispatcher.no_group(timeline)
-        timeline.revision = group.revision
-        group.enter()
-        try:
-            return await self._serve_in(group, request, parsed, raw, key, ticket, timeline)
-        finally:
-            group.leave()
 
     def _meter(self, key: ApiKey | None, timeline: Timeline,
                answer: web.StreamResponse | None) -> None:
@@ -178,47 +165,63 @@ class RequestPath:
         self.metrics.record_usage(key.label if key is not None else "", failed, prompt_tokens,
                                   completion_tokens)
 
-    async def _serve_in(self, group: Group, request: web.Request, parsed: ParsedRequest,
-                        raw: bytes, key: ApiKey | None, ticket: Ticket | None,
+    async def _in_group(self, request: web.Request, parsed: ParsedRequest, raw: bytes,
+                        key: ApiKey | None, ticket: Ticket | None,
                         timeline: Timeline) -> web.StreamResponse:
-        """The request inside its group: everything from here on uses that group's workers."""
+        """The request inside the group it picks: everything from here on uses that group's
+        workers, and the group is not drained away while the request lasts."""
         request_id = timeline.request_id
+        # Picked once the body is parsed: its `user` may name the session.
+        group = self.registry.selector.pick(
+            self.registry.groups, session_key(request.headers.get(SESSION_HEADER), parsed.body))
+        if group is None:
+            return self.dispatcher.no_group(timeline)
+        timeline.revision = group.revision
+        group.enter()
         try:
-            if parsed.render_on_worker and group.mode == "pd":
-                parsed = await self._render_on_worker(group, parsed, timeline)
-            # Then what needs the token count, tokenized off the loop: the exact length check,
-            # the key's token limits, and the ids the group routes by.
-            if parsed.length_unsettled is not None:
-                await self.tokenizing.ids(parsed.prompt)
-                self.checker.check_length(parsed)
-            if key is not None:
-                await self.admission.admit_tokens(key, ticket, parsed)
-            if self._routes_by_ids(group, parsed):
-                await self.tokenizing.ids(parsed.prompt)
-        except RequestError as exc:
-            return exc.response(request_id)
-        except UpstreamError as exc:  # the worker's own refusal of what it cannot render
-            timeline.error = f"worker answered {exc.response.status} to /tokenize"
-            return exc.response
-        except Refused as exc:
-            return self.admission.rate_limited(exc, request_id)
-        except TokenizerBusy as exc:
-            timeline.error = str(exc)
-            return self.admission.busy(exc, request_id)
-
-        try:
-            return await self.dispatcher.dispatch(group, request, parsed, raw, timeline)
-        finally:
-            # Known only if something needed the ids (see prompts.py); a non-streamed answer's
-            # usage may have told it too.
-            if parsed.prompt.known_length is not None:
-                timeline.prompt_tokens = parsed.prompt.known_length
-            if key is not None:
-                await self.admission.settle(key, ticket, parsed, timeline)
-                # A key with a prompt-token limit has its prompt counted in settle when nothing
-                # else told it: the usage ledger takes that count too.
+            try:
+                parsed = await self._with_tokens(group, parsed, key, ticket, timeline)
+            except RequestError as exc:
+                return exc.response(request_id)
+            except UpstreamError as exc:  # the worker's own refusal of what it cannot render
+                timeline.error = f"worker answered {exc.response.status} to /tokenize"
+                return exc.response
+            except Refused as exc:
+                return self.admission.rate_limited(exc, request_id)
+            except TokenizerBusy as exc:
+                timeline.error = str(exc)
+                return self.admission.busy(exc, request_id)
+            try:
+                return await self.dispatcher.dispatch(group, request, parsed, raw, timeline)
+            finally:
+                # Known only if something needed the ids (see prompts.py); a non-streamed
+                # answer's usage may have told it too.
                 if parsed.prompt.known_length is not None:
                     timeline.prompt_tokens = parsed.prompt.known_length
+                if key is not None:
+                    await self.admission.settle(key, ticket, parsed, timeline)
+                    # A key with a prompt-token limit has its prompt counted in settle when
+                    # nothing else told it: the usage ledger takes that count too.
+                    if parsed.prompt.known_length is not None:
+                        timeline.prompt_tokens = parsed.prompt.known_length
+        finally:
+            group.leave()
+
+    async def _with_tokens(self, group: Group, parsed: ParsedRequest, key: ApiKey | None,
+                           ticket: Ticket | None, timeline: Timeline) -> ParsedRequest:
+        """What needs the prompt's tokens, tokenized off the loop: a chat prompt only a worker
+        can render, the exact length check, the key's token limits, the ids the group routes
+        by. Raises what the request is refused for."""
+        if parsed.render_on_worker and group.mode == "pd":
+            parsed = await self._render_on_worker(group, parsed, timeline)
+        if parsed.length_unsettled is not None:
+            await self.tokenizing.ids(parsed.prompt)
+            self.checker.check_length(parsed)
+        if key is not None:
+            await self.admission.admit_tokens(key, ticket, parsed)
+        if self._routes_by_ids(group, parsed):
+            await self.tokenizing.ids(parsed.prompt)
+        return parsed
 
     @staticmethod
     def _routes_by_ids(group: Group, parsed: ParsedRequest) -> bool:
