@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 
 import aiohttp
 from aiohttp import web
@@ -21,6 +20,7 @@ from inference.router.handoff import PATHS
 from inference.router.metrics import RouterMetrics
 from inference.router.migration import MAX_MIGRATIONS, StreamRelay, why_not_continuable
 from inference.router.prompts import ParsedRequest
+from inference.router.pump import Pump
 from inference.router.retry import retry_target, untried_worker
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
@@ -198,7 +198,8 @@ class Forwarder:
             "X-Request-Id": timeline.request_id,
             REVISION_HEADER: self.calls.revision,
         })
-        pump = _Pump(self, request, response, parsed, timeline, stream, measure_local)
+        pump = Pump(self.calls, self.metrics, request, response, parsed, timeline, stream,
+                    self.placer if measure_local else None)
         outcome = await pump.run(upstream, backend, handoff)
         if isinstance(outcome, BaseException) and not response.prepared:
             # Nothing reached the client: the caller's block turns this into BackendFailure,
@@ -206,7 +207,7 @@ class Forwarder:
             raise outcome
         while isinstance(outcome, BaseException):
             outcome, role, backend = await self._go_on(pump, role, backend, outcome, tried)
-        if outcome is _Pump.ENDED:
+        if outcome is Pump.ENDED:
             backend.call_succeeded()
             if stream.continuing:
                 timeline.completion_tokens = len(stream.sent_ids)
@@ -218,13 +219,13 @@ class Forwarder:
                     if completion_tokens is not None:
                         timeline.prompt_tokens, timeline.completion_tokens = (
                             prompt_tokens, completion_tokens)
-        if outcome is not _Pump.CLIENT_GONE:
+        if outcome is not Pump.CLIENT_GONE:
             timeline.mark("last_token")
             with contextlib.suppress(ConnectionResetError):
                 await response.write_eof()
         return response
 
-    async def _go_on(self, pump: _Pump, role: str, failed: Backend, exc: BaseException,
+    async def _go_on(self, pump: Pump, role: str, failed: Backend, exc: BaseException,
                      tried: list[Backend]) -> tuple[object, str, Backend]:
         """After ``failed`` broke off a stream some of which reached the client: the rest from
         another worker, or an SSE error event saying why not. Returns the outcome of what was
@@ -232,7 +233,7 @@ class Forwarder:
         stream, timeline = pump.stream, pump.timeline
         why_not = None if not ran_out_of_time(exc) else "request_timeout"
         if stream.done:
-            return _Pump.ENDED, role, failed  # [DONE] was passed on: nothing was lost
+            return Pump.ENDED, role, failed  # [DONE] was passed on: nothing was lost
         why_not = why_not or stream.why_not_now()
         if why_not is None and stream.finished:
             # Every token was passed on; only the ending was lost.
@@ -240,7 +241,7 @@ class Forwarder:
             await pump.write(stream.tail(wants))
             self._migrated(timeline, "after_last_token", failed, role, failed,
                            len(stream.sent_ids))
-            return _Pump.ENDED, role, failed
+            return Pump.ENDED, role, failed
         body = stream.continuation(pump.parsed.body) if why_not is None else None
         if why_not is None and body is None:
             why_not = "length_reached"  # cannot happen without a finish_reason; be safe
@@ -262,7 +263,7 @@ class Forwarder:
             log.warning("request %s: %s worker %s failed mid-stream (%s); cannot continue: %s",
                         timeline.request_id, role, failed.url, describe(exc), why_not)
             await pump.write(sse_error(role, failed, exc, why_not))
-            return _Pump.FAILED, role, failed
+            return Pump.FAILED, role, failed
         next_role, backend, _same = replacement
         tried.append(backend)
         self._migrated(timeline, "mid_stream", failed, next_role, backend, len(stream.sent_ids))
@@ -286,9 +287,9 @@ class Forwarder:
                                f"answered {upstream.status}: {upstream_message(payload)}")
                     timeline.error = message
                     await pump.write(sse_error_message(message, f"{role}_failed"))
-                    return _Pump.FAILED, next_role, backend
+                    return Pump.FAILED, next_role, backend
                 outcome = await pump.run(upstream, backend, None)
-                if outcome is _Pump.ENDED:
+                if outcome is Pump.ENDED:
                     backend.call_succeeded()
                 return outcome, next_role, backend
         except BackendFailure as failure:
@@ -309,103 +310,3 @@ class Forwarder:
         self.metrics.handoff_failures.labels(self.calls.revision).inc()
         timeline.error = message
         return error_response(502, message, timeline.request_id, code="kv_handoff_failed")
-
-
-# How vLLM ends a stream it could not finish (before data: [DONE]).
-STREAM_ERROR_EVENT = b'data: {"error"'
-
-
-class _Pump:
-    """Relays one worker's stream to the client after another: the events (through the
-    request's StreamRelay), the first-token and inter-token metrics, and the client leaving."""
-
-    ENDED, CLIENT_GONE, FAILED = object(), object(), object()
-
-    def __init__(self, forwarder: Forwarder, request: web.Request, response: web.StreamResponse,
-                 parsed: ParsedRequest, timeline: Timeline, stream: StreamRelay,
-                 measure_local: bool):
-        self.forwarder = forwarder
-        self.request = request
-        self.response = response
-        self.parsed = parsed
-        self.timeline = timeline
-        self.stream = stream
-        self.measure_local = measure_local
-        # Unless the stream is continuable, its bytes go on as they come, unparsed.
-        self.parsing = stream.blocked is None
-        self.itl = forwarder.metrics.itl_seconds.labels(forwarder.calls.revision)
-        self.sent_at = 0.0
-        # The last two chunks: where the usage event a client may ask for ends the stream.
-        self.previous = self.last = b""
-
-    async def write(self, data: bytes) -> bool:
-        """Pass ``data`` on; False if the client has left."""
-        if not self.response.prepared:
-            await self.response.prepare(self.request)
-            self.timeline.streamed = True
-        try:
-            await self.response.write(data)
-        except ConnectionResetError:
-            # The client left. Leaving the caller's block closes the connection to the
-            # worker, and vLLM aborts a request whose client is gone.
-            self.forwarder.metrics.client_disconnects.labels(self.parsed.endpoint).inc()
-            self.timeline.error = "client disconnected"
-            return False
-        return True
-
-    async def run(self, upstream: aiohttp.ClientResponse, backend: Backend,
-                  handoff: KvLease | None) -> object:
-        """Relay ``upstream`` until it ends (ENDED), the client leaves (CLIENT_GONE) or the
-        worker fails (the exception; told to passive health once the client has had bytes,
-        before that the caller's block does it)."""
-        timeline = self.timeline
-        try:
-            # hot path: runs once per streamed chunk
-            async for chunk in upstream.content.iter_any():
-                if handoff is not None:
-                    # Decode has produced a token, so it has pulled the KV.
-                    handoff.release()
-                out = self.stream.feed(chunk) if self.parsing else chunk
-                if not out:
-                    continue
-                first = not self.response.prepared
-                if not await self.write(out):
-                    return self.CLIENT_GONE
-                timeline.stream_chunks += out.count(b"data: ")
-                self.previous, self.last = self.last, out
-                # Inter-token latency between JSON events ([DONE] is none); events that came
-                # in one read reach the client together, as the benchmark client sees them.
-                if tokens := out.count(b"data: {"):
-                    now = time.perf_counter()
-                    if self.sent_at:
-                        self.itl.observe(now - self.sent_at)
-                    for _ in range(tokens - 1):
-                        self.itl.observe(0.0)
-                    self.sent_at = now
-                if first:
-                    self._first_token()
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            if self.response.prepared:
-                self.forwarder.calls.backend_failed(backend, exc)
-            return exc
-        if not self.response.prepared:
-            # An empty answer: the client still gets its (empty) stream.
-            await self.response.prepare(self.request)
-            timeline.streamed = True
-        elif timeline.error is None and STREAM_ERROR_EVENT in self.previous + self.last:
-            # vLLM fails a stream it has begun with an error event and then [DONE]: a 200 that
-            # the usage ledger and the timeline must still count as failed.
-            timeline.error = "the worker ended the stream with an error event"
-        return self.ENDED
-
-    def _first_token(self) -> None:
-        forwarder, timeline, parsed = self.forwarder, self.timeline, self.parsed
-        forwarder.metrics.first_byte_seconds.labels(parsed.endpoint, forwarder.calls.revision
-                                                    ).observe(timeline.since_arrival())
-        timeline.mark("first_token")
-        if forwarder.placer is not None and self.measure_local:
-            # The prompt's prefill on decode, plus the wait for the worker's step in
-            # progress: what its streams paused for.
-            forwarder.placer.local_speed.observe(
-                len(parsed.prompt_token_ids),
-                (timeline.events["first_token"] - timeline.events["decode_dispatched"]) / 1000)
