@@ -37,8 +37,8 @@ from typing import Any
 from yarl import URL
 
 from inference.gateway.flow_control import BANDS, DEFAULT_BAND, DEFAULT_MAX_QUEUE, DEFAULT_QUEUE_TIMEOUT_S
+from inference.router.errors import RequestError
 from inference.router.keys import key_entry, load_console_file
-from inference.router.prompts import RequestError
 
 KEY_STATES = ("active", "revoked")
 

@@ -17,7 +17,8 @@ from inference.gateway.config import Deployment
 from inference.gateway.flow_control import FlowControl, Refused
 from inference.gateway.metrics import GatewayMetrics
 from inference.gateway.routes import Route
-from inference.router.upstream import describe, error_response, sse_error_message
+from inference.router.errors import error_response, sse_error_message
+from inference.router.upstream import describe
 
 # Names the deployment whose router answered, on every answer one did.
 DEPLOYMENT_HEADER = "X-Pdserve-Deployment"

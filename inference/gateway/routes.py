@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference.gateway.config import Deployment, GatewayConfig, Key
+from inference.router.errors import RequestError
 from inference.router.keys import KEY_PREFIX, AuthFailure, key_hash, public_prefix
-from inference.router.prompts import RequestError
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,9 +32,8 @@ from inference.gateway.forward import Forwarder
 from inference.gateway.metrics import GatewayMetrics, QueueCollector
 from inference.gateway.routes import RouteTable
 from inference.router.client_input import openai_errors, parse_json
+from inference.router.errors import RequestError, error_response
 from inference.router.keys import AuthFailure
-from inference.router.prompts import RequestError
-from inference.router.upstream import error_response
 
 log = logging.getLogger("pdserve.gateway")
 
@@ -136,7 +135,7 @@ class Gateway:
         except RequestError as exc:
             known = isinstance(model, str) and model in table.routes
             self.metrics.answered(model if known else "", "", exc.status)
-            return error_response(exc.status, exc.message, request_id, exc.param, exc.code)
+            return exc.response(request_id)
         return await self.forwarder.forward(request, raw, body, route, targets, request_id,
                                             band, flow)
 
@@ -169,14 +168,14 @@ class Gateway:
     # ---- the admin API ---------------------------------------------------------------
     def _admin_denied(self, request: web.Request) -> web.Response | None:
         if self._admin_bearer is None:
-            return _error(RequestError(403, f"admin API disabled: set {ADMIN_TOKEN_ENV}",
-                                       code="admin_disabled"))
+            return error_response(403, f"admin API disabled: set {ADMIN_TOKEN_ENV}",
+                                  code="admin_disabled")
         supplied = request.headers.get("Authorization", "")
         if hmac.compare_digest(supplied.encode("utf-8", "surrogateescape"), self._admin_bearer):
             return None
-        return _error(RequestError(401, "missing or invalid admin token (send 'Authorization: "
-                                        f"Bearer <{ADMIN_TOKEN_ENV}>')", code="invalid_admin_token"),
-                      headers={"WWW-Authenticate": "Bearer"})
+        return error_response(401, "missing or invalid admin token (send 'Authorization: "
+                              f"Bearer <{ADMIN_TOKEN_ENV}>')", code="invalid_admin_token",
+                              headers={"WWW-Authenticate": "Bearer"})
 
     async def config_summary(self, request: web.Request) -> web.Response:
         if (denied := self._admin_denied(request)) is not None:
@@ -201,7 +200,7 @@ class Gateway:
             # Parsed whole before it is applied: a refused one leaves the old one serving.
             config = parse_config(parse_json(await request.read()))
         except RequestError as exc:
-            return _error(exc)
+            return exc.response()
         self.apply(config)
         return web.json_response(_summary(config))
 
@@ -250,10 +249,6 @@ def _summary(config: GatewayConfig) -> dict[str, Any]:
     """What the admin API tells of a configuration: names and counts, never key hashes."""
     return {"version": config.version, "deployments": [d.name for d in config.deployments],
             "aliases": [a.name for a in config.aliases], "keys": len(config.keys)}
-
-
-def _error(error: RequestError, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(error.body(), status=error.status, headers=headers)
 
 
 def build_parser() -> argparse.ArgumentParser:

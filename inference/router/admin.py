@@ -19,20 +19,25 @@ from typing import Any
 
 from aiohttp import web
 
-from inference.router.admin_shapes import RouterControl, backend_url, describe, error
+from inference.router.admin_shapes import RouterControl, backend_url, describe
+from inference.router.budgets import BudgetMeter
 from inference.router.client_input import parse_json
+from inference.router.errors import RequestError, error_response
 from inference.router.groups import DRAINING, Group
 from inference.router.groups_admin import GroupsAdmin
+from inference.router.keys import Gatekeeper
 from inference.router.keys_admin import KeysAdmin
-from inference.router.prompts import RequestError
 from inference.router.usage import UsageLedger, UsageUnavailable, check_day
 
 PATH = "/admin/backends"
 
 
 class AdminAPI:
-    def __init__(self, router: RouterControl, token: str | None, usage: UsageLedger):
+    def __init__(self, router: RouterControl, gate: Gatekeeper, budgets: BudgetMeter,
+                 token: str | None, usage: UsageLedger):
         self.router = router
+        self.gate = gate
+        self.budgets = budgets
         self.token = token
         self.usage = usage
 
@@ -41,21 +46,21 @@ class AdminAPI:
         app.router.add_post(PATH, self.add_backend)
         app.router.add_delete(PATH, self.remove_backend)
         app.router.add_get("/admin/usage", self.usage_rows)
-        KeysAdmin(self.router.gate, self._denied, self.router.budgets).add_routes(app)
+        KeysAdmin(self.gate, self._denied, self.budgets).add_routes(app)
         GroupsAdmin(self.router, self._denied).add_routes(app)
 
     def _denied(self, request: web.Request) -> web.Response | None:
         if self.token is None:
-            return error(404, "the admin API is disabled (set PDSERVE_ROUTER_ADMIN_TOKEN to enable it)",
-                         code="admin_disabled")
+            return error_response(404, "the admin API is disabled (set "
+                                  "PDSERVE_ROUTER_ADMIN_TOKEN to enable it)",
+                                  code="admin_disabled")
         supplied = request.headers.get("Authorization", "")
         if hmac.compare_digest(supplied.encode("utf-8", "surrogateescape"),
                                f"Bearer {self.token}".encode()):
             return None
-        return web.json_response(
-            RequestError(401, "missing or invalid admin token (send 'Authorization: Bearer "
-                              "<PDSERVE_ROUTER_ADMIN_TOKEN>')", code="invalid_admin_token").body(),
-            status=401, headers={"WWW-Authenticate": "Bearer"})
+        return error_response(401, "missing or invalid admin token (send 'Authorization: Bearer "
+                              "<PDSERVE_ROUTER_ADMIN_TOKEN>')", code="invalid_admin_token",
+                              headers={"WWW-Authenticate": "Bearer"})
 
     async def list_backends(self, request: web.Request) -> web.Response:
         """Every group's members by role (each naming its revision); ``mode`` and each role's
@@ -80,11 +85,11 @@ class AdminAPI:
             if since is not None:
                 check_day(since)
         except ValueError as exc:
-            return error(400, str(exc), "since")
+            return error_response(400, str(exc), param="since")
         try:
             rows = await self.usage.rows(since)
         except UsageUnavailable as exc:
-            return error(503, str(exc), code="usage_unavailable")
+            return error_response(503, str(exc), code="usage_unavailable")
         return web.json_response({"version": 1, "rows": rows})
 
     async def add_backend(self, request: web.Request) -> web.Response:
@@ -101,11 +106,11 @@ class AdminAPI:
             role = self._role(group, body.get("role"))
             url = backend_url(body.get("url"))
         except RequestError as exc:
-            return error(exc.status, exc.message, exc.param, exc.code)
+            return exc.response()
         try:
             backend = await self.router.add_backend(role, url, group)
         except ValueError as exc:
-            return error(409, str(exc), "url", code="backend_exists")
+            return error_response(409, str(exc), param="url", code="backend_exists")
         return web.json_response(describe(backend), status=201)
 
     async def remove_backend(self, request: web.Request) -> web.Response:
@@ -118,11 +123,12 @@ class AdminAPI:
             if not url:
                 raise RequestError(400, "query parameter 'url' is required", param="url")
         except RequestError as exc:
-            return error(exc.status, exc.message, exc.param, exc.code)
+            return exc.response()
         try:
             backend = self.router.remove_backend(role, url.rstrip("/"), group)
         except KeyError:
-            return error(404, f"{url} is not a {role} backend", "url", code="backend_not_found")
+            return error_response(404, f"{url} is not a {role} backend", param="url",
+                                  code="backend_not_found")
         return web.json_response(describe(backend), status=202)
 
     def _group(self, revision: Any) -> Group:

@@ -1,25 +1,23 @@
-"""What the admin API reads and answers, shared by its pool and group endpoints: worker URLs,
-backend descriptions, and errors in OpenAI's shape with ``param`` naming the field."""
+"""What the admin API reads and answers, shared by its pool and group endpoints: worker URLs
+and backend descriptions."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from aiohttp import web
 from yarl import URL
 
 from inference.router.backends import Backend
+from inference.router.errors import RequestError
 from inference.router.groups import Group
-from inference.router.keys import Gatekeeper
-from inference.router.prompts import RequestError
 from inference.router.selection import Selector
 
 
 class RouterControl(Protocol):
-    """What the admin API reads and changes of the router (server.Router), named here so that
-    the request path reads one way: the server builds the admin API, never the reverse."""
+    """What the admin API reads and changes of the router's groups and workers
+    (registry.Registry), named here so that the modules read one way: the server builds the
+    admin API, never the reverse."""
 
-    gate: Gatekeeper
     groups: dict[str, Group]
     selector: Selector
 
@@ -62,9 +60,3 @@ def describe(backend: Backend) -> dict[str, Any]:
     state = "draining" if backend.draining else "ready" if backend.healthy else "not_ready"
     return {"role": backend.role, "url": backend.url, "state": state,
             "in_flight": backend.in_flight, "error": backend.last_error}
-
-
-def error(status: int, message: str, param: str | None = None,
-          code: str | None = None) -> web.Response:
-    return web.json_response(RequestError(status, message, param=param, code=code).body(),
-                             status=status)

@@ -11,13 +11,13 @@ import asyncio
 from aiohttp import web
 
 from inference.router.budgets import BudgetExceeded, BudgetMeter
+from inference.router.errors import error_response
 from inference.router.keys import ApiKey, AuthFailure, Gatekeeper
 from inference.router.metrics import RouterMetrics
 from inference.router.prompts import CharsPerToken, ParsedRequest
 from inference.router.ratelimit import RateLimiter, Refused, Ticket, generated_estimate
 from inference.router.timeline import Timeline
 from inference.router.tokenizing import TokenizerBusy, Tokenizing
-from inference.router.upstream import error_response
 
 
 class Admission:

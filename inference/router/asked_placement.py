@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from inference.router.errors import RequestError
 from inference.router.keys import CONSOLE_KEY_ID, ApiKey
-from inference.router.prompts import RequestError
 
 PLACEMENT_HEADER = "X-Pdserve-Placement"
 ASKABLE = ("remote", "local")

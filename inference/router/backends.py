@@ -26,6 +26,18 @@ from inference.worker_auth import bearer
 log = logging.getLogger("pdserve.router.backends")
 
 
+@dataclass(frozen=True)
+class Breaker:
+    """The circuit breaker of a pool's backends: ``failures`` failed calls in a row (5xx
+    answers, refused or broken connections; never timeouts, which are the probe's business) take
+    a backend out for ``cooldown_s`` even while its /health passes; then its probe decides, and
+    one more failure opens the breaker again. ``on_open`` is told each opening."""
+
+    failures: int = 5
+    cooldown_s: float = 10.0
+    on_open: Callable[[Backend], None] | None = None
+
+
 @dataclass(eq=False)
 class Backend:
     url: str
@@ -39,7 +51,8 @@ class Backend:
     last_change: float = field(default_factory=time.monotonic)
     # Removed from its pool; finishing the requests it already has.
     draining: bool = False
-    # Circuit breaker: failed calls in a row, and until when the breaker keeps it out.
+    # Circuit breaker: its rule, failed calls in a row, and until when it keeps the backend out.
+    breaker: Breaker = field(default_factory=Breaker, repr=False)
     failures: int = 0
     open_until: float = 0.0
     # KV this backend prefilled and announced to a decode call that has not yet started
@@ -66,20 +79,22 @@ class Backend:
     def slow_probes(self) -> int:
         return self.probes.slow
 
-    def call_failed(self, threshold: int, cooldown_s: float) -> bool:
-        """Count a failed call; at ``threshold`` in a row the breaker opens: the backend is out
-        for ``cooldown_s``, whatever its health probe says. Returns whether it opened now."""
+    def call_failed(self) -> None:
+        """Count a failed call (not a timeout); at the breaker's count in a row it opens: the
+        backend is out for its cool-down, whatever its health probe says."""
+        breaker = self.breaker
         self.failures += 1
-        if self.failures < threshold or time.monotonic() < self.open_until:
-            return False
-        self.open_until = time.monotonic() + cooldown_s
+        if self.failures < breaker.failures or time.monotonic() < self.open_until:
+            return
+        self.open_until = time.monotonic() + breaker.cooldown_s
         reason = (f"circuit open: {self.failures} failed calls in a row; probed again after "
-                  f"{cooldown_s:g} s")
+                  f"{breaker.cooldown_s:g} s")
         if not self.healthy:
             # Already out (a refused connection marked it): mark() logs changes only.
             log.warning("%s %s: %s", self.role, self.url, reason)
         self.mark(False, reason)
-        return True
+        if breaker.on_open is not None:
+            breaker.on_open(self)
 
     def call_succeeded(self) -> None:
         self.failures = 0
@@ -176,11 +191,13 @@ class Pool:
     ready ones."""
 
     def __init__(self, role: str, urls: tuple[str, ...], policy: Policy | None = None,
-                 worker_key: str | None = None):
+                 worker_key: str | None = None, breaker: Breaker | None = None):
         self.role = role
         self.policy = policy or LeastOutstanding()
         self.worker_key = worker_key
-        self.backends = [Backend(url=url, role=role, worker_key=worker_key) for url in urls]
+        self.breaker = breaker or Breaker()
+        self.backends = [Backend(url=url, role=role, worker_key=worker_key, breaker=self.breaker)
+                         for url in urls]
         self.draining: list[Backend] = []
 
     def ready(self) -> list[Backend]:
@@ -203,7 +220,8 @@ class Pool:
     def add(self, url: str) -> Backend:
         if self.find(url) is not None:
             raise ValueError(f"{url} is already a {self.role} backend")
-        backend = Backend(url=url, role=self.role, worker_key=self.worker_key)
+        backend = Backend(url=url, role=self.role, worker_key=self.worker_key,
+                          breaker=self.breaker)
         self.backends.append(backend)
         return backend
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from inference.router.prompts import RequestError
+from inference.router.errors import RequestError
 
 PERIODS = ("day", "month")
 PERIOD_WORDS = {"day": "daily", "month": "monthly"}

@@ -1,5 +1,6 @@
 """One call to one worker: picking it, the request's remaining time budget, the JSON call that
-prefill makes, and what a failed call tells the pool (passive health, the circuit breaker)."""
+prefill makes, and what a failed call tells its worker (passive health, the circuit breaker in
+backends.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 
 import aiohttp
 
-from inference.router.backends import Backend, NoBackendAvailable, Pool
+from inference.router.backends import Backend, Pool
 from inference.router.config import RouterConfig
+from inference.router.errors import error_response
 from inference.router.metrics import RouterMetrics
 from inference.router.prompts import ParsedRequest
 from inference.router.timeline import Timeline
@@ -20,7 +22,6 @@ from inference.router.upstream import (
     RequestTimedOut,
     UpstreamError,
     describe,
-    error_response,
     never_sent,
     ran_out_of_time,
     relay,
@@ -44,18 +45,6 @@ class WorkerCalls:
         choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (), exclude)
         self.metrics.decision(role, pool.policy.name, choice.outcome)
         return choice.backend
-
-    def pick_again(self, role: str, parsed: ParsedRequest,
-                   failure: BackendFailure) -> Backend | None:
-        """Where a failed call goes once more: another ready worker of the role; or, if the
-        request never reached the failed one and it is still up (a connect timeout on a
-        saturated host does not take it out), that one again. None: nowhere."""
-        try:
-            return self.pick(role, parsed, exclude=failure.backend)
-        except NoBackendAvailable:
-            if failure.unsent and failure.backend.healthy and not failure.backend.draining:
-                return failure.backend
-            return None
 
     def budget(self, timeline: Timeline) -> aiohttp.ClientTimeout:
         """What is left of the request's overall timeout, for the next backend call: a PD
@@ -100,7 +89,7 @@ class WorkerCalls:
                 # worth trying on another worker; the worker itself may well be healthy.
                 self.metrics.backend_errors.labels(backend.role, f"http_{upstream.status}",
                                                    self.revision).inc()
-                self.call_failed(backend)
+                backend.call_failed()
                 raise BackendFailure(backend.role, backend,
                                      f"answered {upstream.status}: {upstream_message(payload)}",
                                      retriable=True)
@@ -122,12 +111,7 @@ class WorkerCalls:
         if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
                             aiohttp.ClientPayloadError)):
             # Passive health: stop sending to it now; the probe puts it back when it answers.
+            # Timeouts are not failed calls: a slow worker is the probe's business, and a
+            # request may run out of its own budget on a healthy worker.
             backend.mark(False, describe(exc))
-            self.call_failed(backend)
-
-    def call_failed(self, backend: Backend) -> None:
-        # Timeouts are not counted: a slow worker is the probe's business (slow probes in a
-        # row), and a request may run out of its own budget on a healthy worker. The breaker's
-        # opening is logged by the backend, once.
-        if backend.call_failed(self.config.breaker_failures, self.config.breaker_cooldown_s):
-            self.metrics.breaker_opened.labels(backend.role, backend.url).inc()
+            backend.call_failed()

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from inference.router.prompts import RequestError
+from inference.router.errors import RequestError, error_response
 
 # Deeper bodies are refused: the router serializes the body again for prefill and decode, at a
 # deeper stack than the parse, so a body just within the parser's recursion limit would fail
@@ -71,5 +71,4 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
             message = f"no such route: {request.path}"
         else:
             message = exc.text or exc.reason
-        return web.json_response(RequestError(exc.status, message).body(), status=exc.status,
-                                 headers=headers)
+        return error_response(exc.status, message, headers=headers)

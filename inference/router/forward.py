@@ -7,28 +7,29 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 
 import aiohttp
 from aiohttp import web
 
 from inference.router.adaptive import AdaptivePlacer
-from inference.router.backends import Backend, KvLease, NoBackendAvailable
+from inference.router.backends import Backend, KvLease
 from inference.router.calls import WorkerCalls
+from inference.router.degraded import DegradedMode
+from inference.router.errors import error_response, sse_error_message
 from inference.router.handoff import PATHS
 from inference.router.metrics import RouterMetrics
 from inference.router.migration import MAX_MIGRATIONS, StreamRelay, why_not_continuable
 from inference.router.prompts import ParsedRequest
+from inference.router.pump import Pump
+from inference.router.retry import retry_target, untried_worker
 from inference.router.timeline import Timeline
 from inference.router.upstream import (
     BackendFailure,
     describe,
-    error_response,
     never_sent,
     ran_out_of_time,
     relay,
     sse_error,
-    sse_error_message,
     stream_usage_counts,
     upstream_message,
     usage_counts,
@@ -40,18 +41,33 @@ log = logging.getLogger("pdserve.router")
 REVISION_HEADER = "X-Pdserve-Revision"
 
 
+def with_token_ids(body: bytes) -> bytes:
+    """``body``, a JSON object, asking the worker for the answer's token ids: the member is
+    appended to the bytes rather than the body parsed and serialized again (hot path: once per
+    streamed request). Should the client have sent the field too, the last one counts, in
+    vLLM's JSON parser as in Python's."""
+    head = body.rstrip()[:-1].rstrip()
+    return head + (b'"return_token_ids":true}' if head.endswith(b"{") else
+                   b',"return_token_ids":true}')
+
+
 class Forwarder:
-    def __init__(self, calls: WorkerCalls, metrics: RouterMetrics, placer: AdaptivePlacer | None):
+    def __init__(self, calls: WorkerCalls, metrics: RouterMetrics, placer: AdaptivePlacer | None,
+                 degraded: DegradedMode):
         self.calls = calls
         self.metrics = metrics
         self.placer = placer
+        self.degraded = degraded
 
     async def forward(self, request: web.Request, role: str, parsed: ParsedRequest,
                       body: bytes, timeline: Timeline,
-                      handoff: KvLease | None = None) -> web.StreamResponse:
+                      handoff: KvLease | None = None,
+                      local_prefill: bool = False) -> web.StreamResponse:
         """Send ``body`` (JSON) to one worker of ``role`` and relay its answer, streamed or not.
         ``handoff``: the prefill worker's KV that decode must load; released once decode has
-        started answering (the caller releases it on every other way out).
+        started answering (the caller releases it on every other way out). ``local_prefill``:
+        decode computes the prompt, so its time to the first token measures the prefill speed
+        on decode (adaptive.py) unless another worker takes over.
 
         A worker that fails before anything reached the client is replaced (see
         ``_replacement``); a stream cut mid-way goes on on another worker (migration.py)."""
@@ -59,18 +75,18 @@ class Forwarder:
         if blocked is None:
             # The answer's token ids, which a continuation needs; the client does not see them
             # unless it asked for them itself.
-            body = json.dumps({**json.loads(body), "return_token_ids": True}).encode()
+            body = with_token_ids(body)
         stream = StreamRelay(parsed, blocked) if parsed.stream else None
         backend = self.calls.pick(role, parsed)
         tried = [backend]
         while True:
             try:
                 return await self._call(request, role, parsed, backend, body, timeline, handoff,
-                                        stream, tried)
+                                        stream, tried, local_prefill and len(tried) == 1)
             except BackendFailure as exc:
                 if exc.timed_out or len(tried) > MAX_MIGRATIONS:
                     raise
-                # A decode that failed before the first byte and has no peer is the server's
+                # A decode that failed before the first byte and has no peer is dispatch.py's
                 # to hand to prefill (degraded mode, the client's own body).
                 replacement = self._replacement(role, parsed, exc, tried, to_prefill=False)
                 if replacement is None:
@@ -100,40 +116,29 @@ class Forwarder:
     def _replacement(self, role: str, parsed: ParsedRequest, failure: BackendFailure,
                      tried: list[Backend], to_prefill: bool = True
                      ) -> tuple[str, Backend, bool] | None:
-        """Where a request goes after ``failure``: another ready worker of ``role`` not tried
-        yet; for a call that never reached its worker, that worker again if it is still up
-        and has no peer (a connect timeout on a saturated host does not take it out); else
-        the other role of a PD group (a decode failure goes to prefill in degraded mode, which
-        runs the request whole; a whole request on prefill goes to decode). Returns the role,
-        the worker and whether the call is repeated as it was (same role, KV hand-off kept)."""
-        pools = self.calls.pools
-        backend = self._pick(role, parsed, tried)
+        """Where a request goes after ``failure``: where retry.py says in ``role``; else the
+        other role of a PD group (a decode failure goes to prefill in degraded mode, which runs
+        the request whole, when ``to_prefill``; a whole request on prefill goes to decode).
+        Returns the role, the worker and whether the call is repeated as it was (same role, KV
+        hand-off kept)."""
+        pools, metrics = self.calls.pools, self.metrics
+        backend = retry_target(pools[role], parsed, failure, tried, metrics)
         if backend is not None:
             return role, backend, True
-        failed = failure.backend
-        if failure.unsent and failed.healthy and not failed.draining and tried.count(failed) == 1:
-            return role, failed, True
-        other = {"decode": "prefill", "prefill": "decode"}.get(role)
-        if other is None or other not in pools:
+        if role == "decode":
+            if not to_prefill or self.degraded.instead_of(pools, "decode") is None:
+                return None
+            other = "prefill"
+        elif role == "prefill" and "decode" in pools:
+            other = "decode"
+        else:
             return None
-        if other == "prefill" and not (to_prefill and self.calls.config.degraded_mode):
-            return None
-        backend = self._pick(other, parsed, tried)
+        backend = untried_worker(pools[other], parsed, tried, metrics)
         if backend is None:
             return None
         if other == "prefill":
-            self.metrics.degraded.labels("decode", self.calls.revision).inc()
+            self.degraded.counted("decode")
         return other, backend, False
-
-    def _pick(self, role: str, parsed: ParsedRequest, tried: list[Backend]) -> Backend | None:
-        pool = self.calls.pools[role]
-        try:
-            choice = pool.pick(parsed.prompt_token_ids if pool.policy.uses_prompt else (),
-                               only=lambda b: b not in tried)
-        except NoBackendAvailable:
-            return None
-        self.metrics.decision(role, pool.policy.name, choice.outcome)
-        return choice.backend
 
     def _migrated(self, timeline: Timeline, reason: str, failed: Backend, role: str,
                   backend: Backend, sent_tokens: int) -> None:
@@ -145,7 +150,7 @@ class Forwarder:
     async def _call(self, request: web.Request, role: str, parsed: ParsedRequest,
                     backend: Backend, body: bytes, timeline: Timeline,
                     handoff: KvLease | None, stream: StreamRelay | None,
-                    tried: list[Backend]) -> web.StreamResponse:
+                    tried: list[Backend], measure_local: bool) -> web.StreamResponse:
         request_id = timeline.request_id
         self._name(timeline, role, backend)
         # The first dispatch: a retry is marked as such after it.
@@ -163,7 +168,7 @@ class Forwarder:
                     return self._handoff_failed(backend, handoff.backend.url, upstream.status,
                                                 payload, timeline)
                 if upstream.status >= 500:
-                    self.calls.call_failed(backend)
+                    backend.call_failed()
                 elif upstream.status == 200:
                     backend.call_succeeded()
                 self.metrics.first_byte_seconds.labels(parsed.endpoint, self.calls.revision).observe(
@@ -174,7 +179,7 @@ class Forwarder:
                     timeline.prompt_tokens, timeline.completion_tokens = usage_counts(payload)
                 return relay(upstream.status, payload, upstream, request_id)
             return await self._stream(request, role, parsed, backend, upstream, timeline,
-                                      handoff, stream, tried)
+                                      handoff, stream, tried, measure_local)
 
     @staticmethod
     def _name(timeline: Timeline, role: str, backend: Backend) -> None:
@@ -186,14 +191,15 @@ class Forwarder:
     async def _stream(self, request: web.Request, role: str, parsed: ParsedRequest,
                       backend: Backend, upstream: aiohttp.ClientResponse,
                       timeline: Timeline, handoff: KvLease | None, stream: StreamRelay,
-                      tried: list[Backend]) -> web.StreamResponse:
+                      tried: list[Backend], measure_local: bool) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Request-Id": timeline.request_id,
             REVISION_HEADER: self.calls.revision,
         })
-        pump = _Pump(self, request, response, parsed, timeline, stream)
+        pump = Pump(self.calls, self.metrics, request, response, parsed, timeline, stream,
+                    self.placer if measure_local else None)
         outcome = await pump.run(upstream, backend, handoff)
         if isinstance(outcome, BaseException) and not response.prepared:
             # Nothing reached the client: the caller's block turns this into BackendFailure,
@@ -201,7 +207,7 @@ class Forwarder:
             raise outcome
         while isinstance(outcome, BaseException):
             outcome, role, backend = await self._go_on(pump, role, backend, outcome, tried)
-        if outcome is _Pump.ENDED:
+        if outcome is Pump.ENDED:
             backend.call_succeeded()
             if stream.continuing:
                 timeline.completion_tokens = len(stream.sent_ids)
@@ -213,13 +219,13 @@ class Forwarder:
                     if completion_tokens is not None:
                         timeline.prompt_tokens, timeline.completion_tokens = (
                             prompt_tokens, completion_tokens)
-        if outcome is not _Pump.CLIENT_GONE:
+        if outcome is not Pump.CLIENT_GONE:
             timeline.mark("last_token")
             with contextlib.suppress(ConnectionResetError):
                 await response.write_eof()
         return response
 
-    async def _go_on(self, pump: _Pump, role: str, failed: Backend, exc: BaseException,
+    async def _go_on(self, pump: Pump, role: str, failed: Backend, exc: BaseException,
                      tried: list[Backend]) -> tuple[object, str, Backend]:
         """After ``failed`` broke off a stream some of which reached the client: the rest from
         another worker, or an SSE error event saying why not. Returns the outcome of what was
@@ -227,7 +233,7 @@ class Forwarder:
         stream, timeline = pump.stream, pump.timeline
         why_not = None if not ran_out_of_time(exc) else "request_timeout"
         if stream.done:
-            return _Pump.ENDED, role, failed  # [DONE] was passed on: nothing was lost
+            return Pump.ENDED, role, failed  # [DONE] was passed on: nothing was lost
         why_not = why_not or stream.why_not_now()
         if why_not is None and stream.finished:
             # Every token was passed on; only the ending was lost.
@@ -235,7 +241,7 @@ class Forwarder:
             await pump.write(stream.tail(wants))
             self._migrated(timeline, "after_last_token", failed, role, failed,
                            len(stream.sent_ids))
-            return _Pump.ENDED, role, failed
+            return Pump.ENDED, role, failed
         body = stream.continuation(pump.parsed.body) if why_not is None else None
         if why_not is None and body is None:
             why_not = "length_reached"  # cannot happen without a finish_reason; be safe
@@ -257,7 +263,7 @@ class Forwarder:
             log.warning("request %s: %s worker %s failed mid-stream (%s); cannot continue: %s",
                         timeline.request_id, role, failed.url, describe(exc), why_not)
             await pump.write(sse_error(role, failed, exc, why_not))
-            return _Pump.FAILED, role, failed
+            return Pump.FAILED, role, failed
         next_role, backend, _same = replacement
         tried.append(backend)
         self._migrated(timeline, "mid_stream", failed, next_role, backend, len(stream.sent_ids))
@@ -275,15 +281,15 @@ class Forwarder:
                 if upstream.status != 200:
                     payload = await upstream.read()
                     if upstream.status >= 500:
-                        self.calls.call_failed(backend)
+                        backend.call_failed()
                     message = (f"{role} worker {failed.url} failed mid-stream "
                                f"({describe(exc)}); its continuation on {backend.url} was "
                                f"answered {upstream.status}: {upstream_message(payload)}")
                     timeline.error = message
                     await pump.write(sse_error_message(message, f"{role}_failed"))
-                    return _Pump.FAILED, next_role, backend
+                    return Pump.FAILED, next_role, backend
                 outcome = await pump.run(upstream, backend, None)
-                if outcome is _Pump.ENDED:
+                if outcome is Pump.ENDED:
                     backend.call_succeeded()
                 return outcome, next_role, backend
         except BackendFailure as failure:
@@ -304,102 +310,3 @@ class Forwarder:
         self.metrics.handoff_failures.labels(self.calls.revision).inc()
         timeline.error = message
         return error_response(502, message, timeline.request_id, code="kv_handoff_failed")
-
-
-# How vLLM ends a stream it could not finish (before data: [DONE]).
-STREAM_ERROR_EVENT = b'data: {"error"'
-
-
-class _Pump:
-    """Relays one worker's stream to the client after another: the events (through the
-    request's StreamRelay), the first-token and inter-token metrics, and the client leaving."""
-
-    ENDED, CLIENT_GONE, FAILED = object(), object(), object()
-
-    def __init__(self, forwarder: Forwarder, request: web.Request, response: web.StreamResponse,
-                 parsed: ParsedRequest, timeline: Timeline, stream: StreamRelay):
-        self.forwarder = forwarder
-        self.request = request
-        self.response = response
-        self.parsed = parsed
-        self.timeline = timeline
-        self.stream = stream
-        # Unless the stream is continuable, its bytes go on as they come, unparsed.
-        self.parsing = stream.blocked is None
-        self.itl = forwarder.metrics.itl_seconds.labels(forwarder.calls.revision)
-        self.sent_at = 0.0
-        # The last two chunks: where the usage event a client may ask for ends the stream.
-        self.previous = self.last = b""
-
-    async def write(self, data: bytes) -> bool:
-        """Pass ``data`` on; False if the client has left."""
-        if not self.response.prepared:
-            await self.response.prepare(self.request)
-            self.timeline.streamed = True
-        try:
-            await self.response.write(data)
-        except ConnectionResetError:
-            # The client left. Leaving the caller's block closes the connection to the
-            # worker, and vLLM aborts a request whose client is gone.
-            self.forwarder.metrics.client_disconnects.labels(self.parsed.endpoint).inc()
-            self.timeline.error = "client disconnected"
-            return False
-        return True
-
-    async def run(self, upstream: aiohttp.ClientResponse, backend: Backend,
-                  handoff: KvLease | None) -> object:
-        """Relay ``upstream`` until it ends (ENDED), the client leaves (CLIENT_GONE) or the
-        worker fails (the exception; told to passive health once the client has had bytes,
-        before that the caller's block does it)."""
-        timeline = self.timeline
-        try:
-            # hot path: runs once per streamed chunk
-            async for chunk in upstream.content.iter_any():
-                if handoff is not None:
-                    # Decode has produced a token, so it has pulled the KV.
-                    handoff.release()
-                out = self.stream.feed(chunk) if self.parsing else chunk
-                if not out:
-                    continue
-                first = not self.response.prepared
-                if not await self.write(out):
-                    return self.CLIENT_GONE
-                timeline.stream_chunks += out.count(b"data: ")
-                self.previous, self.last = self.last, out
-                # Inter-token latency between JSON events ([DONE] is none); events that came
-                # in one read reach the client together, as the benchmark client sees them.
-                if tokens := out.count(b"data: {"):
-                    now = time.perf_counter()
-                    if self.sent_at:
-                        self.itl.observe(now - self.sent_at)
-                    for _ in range(tokens - 1):
-                        self.itl.observe(0.0)
-                    self.sent_at = now
-                if first:
-                    self._first_token()
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            if self.response.prepared:
-                self.forwarder.calls.backend_failed(backend, exc)
-            return exc
-        if not self.response.prepared:
-            # An empty answer: the client still gets its (empty) stream.
-            await self.response.prepare(self.request)
-            timeline.streamed = True
-        elif timeline.error is None and STREAM_ERROR_EVENT in self.previous + self.last:
-            # vLLM fails a stream it has begun with an error event and then [DONE]: a 200 that
-            # the usage ledger and the timeline must still count as failed.
-            timeline.error = "the worker ended the stream with an error event"
-        return self.ENDED
-
-    def _first_token(self) -> None:
-        forwarder, timeline, parsed = self.forwarder, self.timeline, self.parsed
-        forwarder.metrics.first_byte_seconds.labels(parsed.endpoint, forwarder.calls.revision
-                                                    ).observe(timeline.since_arrival())
-        timeline.mark("first_token")
-        if (forwarder.placer is not None and timeline.kv.get("local_prefill")
-                and timeline.retried_from is None):
-            # The prompt's prefill on decode, plus the wait for the worker's step in
-            # progress: what its streams paused for.
-            forwarder.placer.local_speed.observe(
-                len(parsed.prompt_token_ids),
-                (timeline.events["first_token"] - timeline.events["decode_dispatched"]) / 1000)

@@ -21,9 +21,10 @@ from typing import Any
 
 from inference.kv_channels import uses_transfer_params
 from inference.router.adaptive import AdaptivePlacer, PrefillQueue
-from inference.router.backends import Backend, Pool
+from inference.router.backends import Backend, Breaker, Pool
 from inference.router.calls import WorkerCalls
 from inference.router.config import RouterConfig
+from inference.router.degraded import DegradedMode
 from inference.router.forward import Forwarder
 from inference.router.handoff import PrefillStage
 from inference.router.metrics import RouterMetrics
@@ -57,6 +58,7 @@ class Group:
     placer: AdaptivePlacer | None
     prefill_stage: PrefillStage | None
     warmer: PairWarmer | None
+    degraded: DegradedMode
     weight: int
     state: str = ACTIVE
     # Requests that picked this group and have not ended. A drain waits for them before it
@@ -112,7 +114,7 @@ class Group:
             await self._idle.wait()
 
     # ---- readiness -------------------------------------------------------------------
-    def health(self, degraded_mode: bool) -> dict[str, Any]:
+    def health(self) -> dict[str, Any]:
         """Per-role readiness, and whether the group serves fully ("ok"), without one role
         ("degraded", PD with degraded mode only) or not at all ("unavailable")."""
         roles = {
@@ -135,10 +137,10 @@ class Group:
             answer["kv_warmup"] = self.warmer.report()
         if healthy:
             answer["status"] = "ok"
-        elif self.mode == "pd" and degraded_mode and len(missing) == 1:
-            # One role can serve every request alone, more slowly (see Router._degraded).
+        elif (without := self.degraded.missing_role(self.mode, missing)) is not None:
+            # One role can serve every request alone, more slowly (see degraded.py).
             answer["status"] = "degraded"
-            answer["degraded"] = missing[0]
+            answer["degraded"] = without
         else:
             answer["status"] = "unavailable"
         return answer
@@ -174,11 +176,13 @@ def build_group(config: RouterConfig, metrics: RouterMetrics, revision: str, mod
     ``config``. Its sessions are opened by Group.open."""
     policies = {"prefill": config.prefill_policy, "decode": config.decode_policy,
                 "colocated": config.colocated_policy}
+    breaker = Breaker(config.breaker_failures, config.breaker_cooldown_s,
+                      on_open=lambda b: metrics.breaker_opened.labels(b.role, b.url).inc())
     pools = {
         role: Pool(role, tuple(urls.get(role, ())),
                    make_policy(policies[role], prefix_block_size=config.prefix_block_size,
                                prefix_blocks=config.prefix_blocks),
-                   worker_key=config.worker_key)
+                   worker_key=config.worker_key, breaker=breaker)
         for role in ROLES[mode]
     }
     placer = None
@@ -187,6 +191,7 @@ def build_group(config: RouterConfig, metrics: RouterMetrics, revision: str, mod
                                 stall_budget_s=config.stall_budget_ms / 1000,
                                 queue=PrefillQueue(config.prefill_slots))
     calls = WorkerCalls(config, pools, metrics, revision)
+    degraded = DegradedMode(config.degraded_mode, metrics, revision)
     prefill_stage = (PrefillStage(config, pools["prefill"], calls, metrics, placer,
                                   uses_transfer_params(config.kv_channel))
                      if mode == "pd" else None)
@@ -195,5 +200,5 @@ def build_group(config: RouterConfig, metrics: RouterMetrics, revision: str, mod
         warmer = PairWarmer(pools["prefill"], pools["decode"], config.served_model_name,
                             warmup.ids, vocab_size=warmup.vocab_size)
     return Group(revision=revision, mode=mode, pools=pools, calls=calls,
-                 forwarder=Forwarder(calls, metrics, placer), placer=placer,
-                 prefill_stage=prefill_stage, warmer=warmer, weight=weight)
+                 forwarder=Forwarder(calls, metrics, placer, degraded), placer=placer,
+                 prefill_stage=prefill_stage, warmer=warmer, degraded=degraded, weight=weight)

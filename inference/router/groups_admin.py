@@ -19,11 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
-from inference.router.admin_shapes import RouterControl, backend_url, describe, error
+from inference.router.admin_shapes import RouterControl, backend_url, describe
 from inference.router.client_input import parse_json
 from inference.router.config import REVISION_LABEL
+from inference.router.errors import RequestError, error_response
 from inference.router.groups import DRAINING, ROLES, Group, LastGroup
-from inference.router.prompts import RequestError
 
 PATH = "/admin/groups"
 FIELDS = ("revision", "mode", "weight", "prefill", "decode", "colocated")
@@ -65,11 +65,11 @@ class GroupsAdmin:
             urls = _pools(mode, body)
             weight = _weight(body.get("weight", 0), "weight")
         except RequestError as exc:
-            return error(exc.status, exc.message, exc.param, exc.code)
+            return exc.response()
         try:
             group = await self.router.add_group(revision, mode, urls, weight)
         except ValueError as exc:
-            return error(409, str(exc), "revision", code="group_exists")
+            return error_response(409, str(exc), param="revision", code="group_exists")
         return web.json_response(view(group), status=201)
 
     async def set_weights(self, request: web.Request) -> web.Response:
@@ -94,7 +94,7 @@ class GroupsAdmin:
                     raise RequestError(400, f"revision {revision} is draining: its weight stays 0",
                                        param=param)
         except RequestError as exc:
-            return error(exc.status, exc.message, exc.param, exc.code)
+            return exc.response()
         self.router.set_weights(weights)
         return web.json_response(self._listing())
 
@@ -105,10 +105,11 @@ class GroupsAdmin:
         try:
             group = self.router.remove_group(revision)
         except KeyError:
-            return error(404, f"no revision group {revision!r}", "revision", code="group_not_found")
+            return error_response(404, f"no revision group {revision!r}", param="revision",
+                                  code="group_not_found")
         except LastGroup:
-            return error(409, f"revision {revision} is the only active group; add another before "
-                              "removing it", "revision", code="last_group")
+            return error_response(409, f"revision {revision} is the only active group; add "
+                                  "another before removing it", param="revision", code="last_group")
         return web.json_response(view(group), status=202)
 
     def _listing(self) -> dict[str, Any]:

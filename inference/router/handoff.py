@@ -16,6 +16,7 @@ from inference.router.calls import WorkerCalls
 from inference.router.config import RouterConfig
 from inference.router.metrics import RouterMetrics
 from inference.router.prompts import ParsedRequest
+from inference.router.retry import retry_target
 from inference.router.timeline import Timeline
 from inference.router.upstream import BackendFailure, RequestTimedOut, prompt_token_ids
 
@@ -113,8 +114,8 @@ class PrefillStage:
         decode_body = dict(parsed.body)
         kv_params = data.get("kv_transfer_params")
         if isinstance(kv_params, dict):
-            timeline.kv = {key: kv_params.get(key) for key in
-                           ("remote_engine_id", "remote_num_tokens", "remote_prefill_cached_tokens")}
+            timeline.kv.update({key: kv_params.get(key) for key in (
+                "remote_engine_id", "remote_num_tokens", "remote_prefill_cached_tokens")})
         if prefill_ids is None:
             self.metrics.pd_fallback.labels("no_prompt_token_ids", self.calls.revision).inc()
             return decode_body, False
@@ -177,11 +178,11 @@ class PrefillStage:
     async def _retry(self, parsed: ParsedRequest, body: dict[str, Any],
                      failure: BackendFailure,
                      timeline: Timeline) -> tuple[dict[str, Any], Backend]:
-        """Once, where WorkerCalls.pick_again says; the answer and the worker that gave it.
+        """Once, where retry.py says; the answer and the worker that gave it.
         Safe: the client has received nothing yet, and a one-token prefill has no effect a
         second run could repeat."""
         first = failure.backend
-        backend = self.calls.pick_again("prefill", parsed, failure)
+        backend = retry_target(self.pool, parsed, failure, [first], self.metrics)
         if backend is None:
             raise BackendFailure("prefill", first,
                                  f"{failure.detail}; no other ready prefill worker to retry on"

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from inference.router.budgets import Budget, parse_budget
-from inference.router.prompts import RequestError
+from inference.router.errors import RequestError
 
 Parsed = TypeVar("Parsed")
 

@@ -20,8 +20,8 @@ from aiohttp import web
 
 from inference.router.budgets import BudgetMeter
 from inference.router.client_input import parse_json
+from inference.router.errors import RequestError
 from inference.router.keys import Gatekeeper
-from inference.router.prompts import RequestError
 
 log = logging.getLogger("pdserve.router")
 
@@ -62,7 +62,7 @@ class KeysAdmin:
         try:
             key_set = self.gate.replace(parse_json(await request.read()))
         except RequestError as exc:
-            return _error(exc)
+            return exc.response()
         log.info("key set %s: %d keys, key %s", key_set.version, len(key_set.by_prefix),
                  "required" if not self.gate.open else "not required")
         return web.json_response({"version": key_set.version, "keys": len(key_set.by_prefix),
@@ -72,7 +72,3 @@ class KeysAdmin:
         if (denied := self.denied(request)) is not None:
             return denied
         return web.json_response(self.gate.usage())
-
-
-def _error(error: RequestError) -> web.Response:
-    return web.json_response(error.body(), status=error.status)

@@ -24,8 +24,8 @@ import aiohttp
 from PIL import Image
 
 from inference.router.config import RouterConfig
+from inference.router.errors import RequestError
 from inference.router.metrics import RouterMetrics
-from inference.router.prompts import RequestError
 
 # Part types vLLM reads as text (TEXT_PART_TYPES, plus tool references).
 TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -18,6 +18,52 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.
                  0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 4, 5, 7.5, 10, 15, 30, 60)
 
 
+class _KeptChildren:
+    """labels() that keeps each label set's child: prometheus_client's own checks its
+    arguments, converts them to strings and takes a lock on every call, and the router calls it
+    several times per request (hot path)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._kept: dict[tuple[object, ...], Self] = {}
+
+    def labels(self, *values: object, **named: object) -> Self:
+        if named:
+            return super().labels(*values, **named)  # type: ignore[misc]
+        child = self._kept.get(values)
+        if child is None:
+            child = self._kept[values] = super().labels(*values)  # type: ignore[misc]
+        return child
+
+    # A removed child must not be handed out again: it would count where no scrape sees.
+    def remove(self, *values: object) -> None:
+        self._kept.clear()
+        super().remove(*values)  # type: ignore[misc]
+
+    def remove_by_labels(self, labels: dict[str, str]) -> None:
+        self._kept.clear()
+        super().remove_by_labels(labels)  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self._kept.clear()
+        super().clear()  # type: ignore[misc]
+
+
+class KeptCounter(_KeptChildren, Counter):
+    pass
+
+
+class KeptGauge(_KeptChildren, Gauge):
+    pass
+
+
+class KeptHistogram(_KeptChildren, Histogram):
+    pass
+
+
+KEPT = {Counter: KeptCounter, Gauge: KeptGauge, Histogram: KeptHistogram}
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     """One row of METRICS: a RouterMetrics attribute and the metric it holds."""
@@ -30,9 +76,10 @@ class MetricSpec:
     buckets: tuple[float, ...] = ()  # histograms only
 
     def build(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        kind = KEPT[self.kind] if self.labels else self.kind
         if self.kind is Histogram:
-            return Histogram(self.name, self.help, self.labels, buckets=self.buckets, registry=registry)
-        return self.kind(self.name, self.help, self.labels, registry=registry)
+            return kind(self.name, self.help, self.labels, buckets=self.buckets, registry=registry)
+        return kind(self.name, self.help, self.labels, registry=registry)
 
 
 # The console's collector and the dashboards read these names and labels: change them deliberately.

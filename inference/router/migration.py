@@ -77,9 +77,13 @@ def _frame(data: bytes) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
+# vLLM's own style (pydantic's JSON): no spaces, UTF-8 as is. One encoder for every event:
+# json.dumps with options builds a new one per call (hot path: per streamed token).
+_EVENT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _dump(event: dict[str, Any]) -> bytes:
-    # vLLM's own style (pydantic's JSON): no spaces, UTF-8 as is.
-    return json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
+    return _EVENT_JSON.encode(event).encode()
 
 
 class StreamRelay:

@@ -27,43 +27,9 @@ from inference.router.chat_messages import (
     plain_message,
     well_formed,
 )
+from inference.router.errors import RequestError
 
 log = logging.getLogger("pdserve.router")
-
-
-# The OpenAI SDK's exception for each status, which vLLM's error bodies name as their type:
-# a client that tells errors apart by type sees the router's as it sees vLLM's.
-ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
-               404: "NotFoundError", 409: "ConflictError", 422: "UnprocessableEntityError",
-               429: "RateLimitError"}
-
-
-def error_type(status: int) -> str:
-    if status >= 500:
-        return "InternalServerError"
-    return ERROR_TYPES.get(status, "BadRequestError")
-
-
-class RequestError(Exception):
-    """A client error: HTTP status, message, and the offending field."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": error_type(self.status),
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 Encoder = Callable[[str, bool], list[int]]
@@ -124,7 +90,7 @@ class ParsedRequest:
     # request is sent whole to one worker, which computes its own prompt.
     whole: str | None = None
     # A chat request the router cannot render exactly as vLLM does (tools, tool messages,
-    # non-text parts): its tokens come from a worker's /tokenize (see Router._render_on_worker).
+    # non-text parts): its tokens come from a worker's /tokenize (see RequestPath._render_on_worker).
     render_on_worker: bool = False
     # The field to name if the prompt is too long, when only its exact token count can tell
     # (``PromptChecker.check_length``); None: it surely fits, or its worker checks it.

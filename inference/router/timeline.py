@@ -7,7 +7,9 @@ the prefill and decode workers' lines for the same id.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +18,24 @@ from typing import Any
 EVENTS = ("received", "prefill_queued", "prefill_dispatched", "prefill_retried", "prefill_done",
           "decode_dispatched", "decode_retried", "first_token", "migrated", "last_token")
 
+# json.dumps with any option but the defaults builds a new encoder per call (hot path).
+COMPACT = json.JSONEncoder(separators=(",", ":"))
+
 # nginx's status for a client that closed the connection before the answer was done: the
 # status a request's timeline ends with when its client goes away.
 CLIENT_GONE = 499
+
+
+# Request ids: 20 random hex digits drawn once per process, then a 12-digit count.
+_ID_PREFIX = os.urandom(10).hex()
+_ids = itertools.count()
+
+
+def new_request_id() -> str:
+    """An id for a request that came without X-Request-Id, 32 hex digits as uuid4().hex's:
+    unique within the process by its count, across processes and restarts by its random prefix,
+    and made without a system call or a UUID object (hot path: once per request)."""
+    return f"{_ID_PREFIX}{next(_ids) % 16**12:012x}"
 
 
 @dataclass
@@ -43,6 +60,8 @@ class Timeline:
     # Image parts the request carried (each checked and, if a file or remote, inlined: media.py).
     images: int = 0
     streamed: bool = False
+    # Where the prompt was prefilled and how it was handed over: each stage adds its part
+    # (placement, the transfer's parameters, a fallback), none replaces what is there.
     kv: dict[str, Any] = field(default_factory=dict)
     status: int | None = None
     error: str | None = None
@@ -61,7 +80,7 @@ class Timeline:
         return time.perf_counter() - self.arrived
 
     def to_json(self) -> str:
-        return json.dumps({
+        return COMPACT.encode({
             "request_id": self.request_id,
             "endpoint": self.endpoint,
             "revision": self.revision,
@@ -78,4 +97,4 @@ class Timeline:
             "kv": self.kv,
             "status": self.status,
             "error": self.error,
-        }, separators=(",", ":"))
+        })

@@ -10,7 +10,7 @@ import aiohttp
 from aiohttp import web
 
 from inference.router.backends import Backend
-from inference.router.prompts import RequestError
+from inference.router.errors import sse_error_message
 
 
 class BackendFailure(Exception):
@@ -32,13 +32,6 @@ class BackendFailure(Exception):
 
 class RequestTimedOut(Exception):
     """The request's overall time budget ran out before a backend call could start."""
-
-
-def error_response(status: int, message: str, request_id: str, param: str | None = None,
-                   code: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
-    error = RequestError(status, message, param=param, code=code)
-    return web.json_response(error.body(), status=status,
-                             headers={"X-Request-Id": request_id, **(headers or {})})
 
 
 class UpstreamError(Exception):
@@ -135,11 +128,6 @@ def sse_error(role: str, backend: Backend, exc: BaseException, why_not: str | No
     if why_not is not None:
         message += f"; the stream cannot go on on another worker: {CANNOT_CONTINUE.get(why_not, why_not)}"
     return sse_error_message(message, f"{role}_failed")
-
-
-def sse_error_message(message: str, code: str) -> bytes:
-    error = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
-    return f"data: {json.dumps(error)}\n\n".encode()
 
 
 # Why a stream cut mid-way was not continued, as the client's error event says it

@@ -451,7 +451,7 @@ async def start_router(make_checker: Callable[..., PromptChecker], tokenizer_dir
         await client.start_server()
         running.append(client)
         if wait_ready:
-            await wait_until(lambda: all(pool.ready() for pool in router.pools.values()))
+            await wait_until(lambda: all(pool.ready() for pool in router.registry.primary.pools.values()))
         return RunningRouter(router, client)
 
     yield start

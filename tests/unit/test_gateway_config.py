@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from inference.gateway.config import Alias, Deployment, GatewayConfig, load_config_file, parse_config
+from inference.router.errors import RequestError
 from inference.router.keys import key_hash
-from inference.router.prompts import RequestError
 
 KEY = "pds_ab12cd34_" + "s" * 43
 VALID: dict[str, Any] = {

@@ -15,8 +15,8 @@ import pytest
 
 from inference.gateway.config import parse_config
 from inference.gateway.flow_control import DeploymentQueue, FlowControl, Refused
+from inference.router.errors import RequestError
 from inference.router.keys import new_key
-from inference.router.prompts import RequestError
 from tests.unit.conftest import wait_until
 from tests.unit.gateway_stubs import (
     ADMIN_AUTH,

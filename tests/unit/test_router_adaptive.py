@@ -264,8 +264,8 @@ async def test_remote_prefills_go_one_at_a_time_and_the_shortest_waiting_goes_fi
     first = asyncio.create_task(send(60))
     await wait_until(lambda: prefill.active == 1)
     longer = asyncio.create_task(send(120))
-    await wait_until(lambda: running.router.placer is not None
-                     and running.router.placer.queue.depth == 1)
+    await wait_until(lambda: running.router.registry.primary.placer is not None
+                     and running.router.registry.primary.placer.queue.depth == 1)
     shorter = asyncio.create_task(send(30))
     await asyncio.gather(first, longer, shorter)
 
@@ -274,7 +274,7 @@ async def test_remote_prefills_go_one_at_a_time_and_the_shortest_waiting_goes_fi
     assert lengths == [60, 30, 120]
     waited = await running.metric("pdserve_router_prefill_queue_wait_seconds_count", {})
     assert waited == 3
-    assert running.router.placer.queue.active == 0
+    assert running.router.registry.primary.placer.queue.active == 0
 
 
 async def test_a_prompt_still_queued_at_its_timeout_gets_504_and_never_reaches_a_worker(
@@ -298,8 +298,9 @@ async def test_a_prompt_still_queued_at_its_timeout_gets_504_and_never_reaches_a
     assert await holder == (504, "request_timeout")
     assert await short == (504, "request_timeout")
     assert [len(r.body["prompt"].split()) for r in prefill.requests] == [60, 12]
-    assert running.router.placer is not None and running.router.placer.queue.depth == 0
-    assert running.router.placer.queue.active == 0
+    placer = running.router.registry.primary.placer
+    assert placer is not None and placer.queue.depth == 0
+    assert placer.queue.active == 0
 
 
 async def test_the_console_names_a_requests_placement_and_no_tenant_can(

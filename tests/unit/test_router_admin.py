@@ -46,7 +46,7 @@ async def test_without_a_token_the_admin_api_is_404(start_router: StartRouter,
                            ("DELETE", {"params": {"role": "decode", "url": decode.url}})):
         response = await running.client.request(method, PATH, headers=AUTH, **kwargs)
         assert (await error_of(response, 404))["code"] == "admin_disabled"
-    assert len(running.router.pools["decode"].backends) == 1
+    assert len(running.router.registry.primary.pools["decode"].backends) == 1
 
 
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong", TOKEN, "Bearer inference-key"])
@@ -59,7 +59,7 @@ async def test_a_missing_or_wrong_admin_token_is_401(start_router: StartRouter, 
         response = await running.client.request(method, PATH, headers=headers, **kwargs)
         assert (await error_of(response, 401))["code"] == "invalid_admin_token"
         assert response.headers["WWW-Authenticate"] == "Bearer"
-    assert [b.url for b in running.router.pools["decode"].backends] == [decode.url]
+    assert [b.url for b in running.router.registry.primary.pools["decode"].backends] == [decode.url]
 
 
 def test_the_admin_token_comes_from_the_environment_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,7 +141,7 @@ async def test_a_removed_backend_takes_no_more_requests(start_router: StartRoute
         assert (await running.client.post("/v1/completions", json=COMPLETION)).status == 200
     assert [len(d.requests) for d in decodes] == [0, 3]
     # Idle, so closed at once: gone from the listing and from the metrics.
-    await wait_until(lambda: not running.router.pools["decode"].draining)
+    await wait_until(lambda: not running.router.registry.primary.pools["decode"].draining)
     listing = await (await running.client.get(PATH, headers=AUTH)).json()
     assert [b["url"] for b in listing["roles"]["decode"]["backends"]] == [decodes[1].url]
     scrape = await (await running.client.get("/metrics")).text()
@@ -160,7 +160,7 @@ async def test_a_removed_backend_finishes_its_stream_before_it_is_closed(
     assert held.status == 200
     chunks = decodes[0].sse_chunks("completions")
     assert await asyncio.wait_for(held.content.readuntil(b"\n\n"), timeout=3) == chunks[0]
-    removed = running.router.pools["decode"].backends[0]
+    removed = running.router.registry.primary.pools["decode"].backends[0]
 
     response = await running.client.delete(PATH, headers=AUTH,
                                            params={"role": "decode", "url": decodes[0].url})
@@ -177,7 +177,7 @@ async def test_a_removed_backend_finishes_its_stream_before_it_is_closed(
 
     gate.set()
     assert await held.read() == b"".join(chunks[1:])
-    await wait_until(lambda: not running.router.pools["decode"].draining)
+    await wait_until(lambda: not running.router.registry.primary.pools["decode"].draining)
     assert removed.session is not None and removed.session.closed
 
 
@@ -193,7 +193,7 @@ async def test_a_url_can_be_added_again_while_its_old_member_drains(
     assert (await running.client.post(PATH, headers=AUTH, json=params)).status == 201
     gate.set()
     await held.read()
-    await wait_until(lambda: not running.router.pools["decode"].draining)
+    await wait_until(lambda: not running.router.registry.primary.pools["decode"].draining)
     # The old member's drain must not have dropped the new one's series.
     scrape = await (await running.client.get("/metrics")).text()
     assert (f'pdserve_router_backend_up{{backend="{decode.url}",revision="1",role="decode"}} 1.0'
@@ -225,7 +225,7 @@ async def test_bad_additions_are_400_naming_the_field(start_router: StartRouter,
     error = await error_of(await running.client.post(PATH, headers=AUTH, json=body), 400)
     assert error["param"] == param
     assert f"'{param}'" in error["message"]
-    assert len(running.router.pools["decode"].backends) == 1
+    assert len(running.router.registry.primary.pools["decode"].backends) == 1
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b'["decode"]'])
@@ -242,7 +242,7 @@ async def test_adding_a_member_twice_is_409(start_router: StartRouter, make_stub
     response = await running.client.post(PATH, headers=AUTH, json={"role": "decode", "url": decode.url})
     error = await error_of(response, 409)
     assert error["param"] == "url" and error["code"] == "backend_exists"
-    assert len(running.router.pools["decode"].backends) == 1
+    assert len(running.router.registry.primary.pools["decode"].backends) == 1
 
 
 @pytest.mark.parametrize(
@@ -265,7 +265,7 @@ async def test_removing_an_unknown_backend_is_404(start_router: StartRouter,
                                            params={"role": "decode", "url": prefill.url})
     error = await error_of(response, 404)
     assert error["code"] == "backend_not_found" and prefill.url in error["message"]
-    assert len(running.router.pools["prefill"].backends) == 1
+    assert len(running.router.registry.primary.pools["prefill"].backends) == 1
 
 
 async def test_a_probe_of_a_drained_backend_is_a_no_op(start_router: StartRouter,
@@ -273,8 +273,8 @@ async def test_a_probe_of_a_drained_backend_is_a_no_op(start_router: StartRouter
     # A probe round collects its members before it runs; one removed meanwhile has a closed
     # session, and probing it must neither raise (that would end the probe loop) nor touch it.
     running, _prefill, decode = await pd(start_router, make_stub)
-    [member] = running.router.pools["decode"].backends
-    running.router.remove_backend("decode", decode.url)
+    [member] = running.router.registry.primary.pools["decode"].backends
+    running.router.registry.remove_backend("decode", decode.url)
     await wait_until(lambda: member.session is not None and member.session.closed)
     await probe(member, timeout_s=0.5)
     assert member.healthy and member.last_error == ""

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from inference.router.budgets import BudgetMeter, periods
+from inference.router.errors import RequestError
 from inference.router.keys import KeySet, key_hash, new_key, parse_key_set, public_prefix
-from inference.router.prompts import RequestError
-from inference.router.ratelimit import MemoryStore, RedisStore, Scope
+from inference.router.ratelimit_stores import MemoryStore, RedisStore, Scope
 from tests.unit.conftest import REDIS_URL, RunningRouter, StubVLLM
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]

@@ -27,8 +27,8 @@ async def test_with_no_prefill_ready_decode_computes_the_prompt(
         body: dict[str, object]) -> None:
     decode = await make_stub("decode")
     running = await start_router(prefill=(dead_url,), decode=(decode.url,), wait_ready=False)
-    await wait_until(lambda: bool(running.router.pools["decode"].ready())
-                     and bool(running.router.pools["prefill"].backends[0].last_error))
+    await wait_until(lambda: bool(running.router.registry.primary.pools["decode"].ready())
+                     and bool(running.router.registry.primary.pools["prefill"].backends[0].last_error))
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     response = await running.client.post(path, json=body)
     assert response.status == 200, await response.text()
@@ -48,8 +48,8 @@ async def test_with_no_decode_ready_prefill_runs_the_whole_request(
     prefill = await make_stub("prefill")
     running = await start_router(prefill=(prefill.url,), decode=(dead_url,), wait_ready=False,
                                  kv_channel="nixl")
-    await wait_until(lambda: bool(running.router.pools["prefill"].ready())
-                     and bool(running.router.pools["decode"].backends[0].last_error))
+    await wait_until(lambda: bool(running.router.registry.primary.pools["prefill"].ready())
+                     and bool(running.router.registry.primary.pools["decode"].backends[0].last_error))
     response = await running.client.post("/v1/chat/completions", json=CHAT)
     assert response.status == 200
     assert b"prefill-0" in await response.read()
@@ -79,8 +79,8 @@ async def test_with_degraded_mode_off_a_missing_prefill_is_503(
     decode = await make_stub("decode")
     running = await start_router(prefill=(dead_url,), decode=(decode.url,), wait_ready=False,
                                  degraded_mode=False)
-    await wait_until(lambda: bool(running.router.pools["decode"].ready())
-                     and bool(running.router.pools["prefill"].backends[0].last_error))
+    await wait_until(lambda: bool(running.router.registry.primary.pools["decode"].ready())
+                     and bool(running.router.registry.primary.pools["prefill"].backends[0].last_error))
     response = await running.client.post("/v1/completions", json=COMPLETION)
     assert response.status == 503
     assert (await response.json())["error"]["code"] == "prefill_unavailable"
@@ -119,7 +119,7 @@ async def test_a_decode_gone_while_the_request_prefilled_leaves_it_to_prefill(
     answer = asyncio.create_task(running.client.post("/v1/completions", json=COMPLETION))
     await wait_until(lambda: len(prefill.requests) == 1)
     await decode.close()
-    await wait_until(lambda: not running.router.pools["decode"].ready())
+    await wait_until(lambda: not running.router.registry.primary.pools["decode"].ready())
     assert not answer.done(), "the prefill ended before decode left rotation"
     response = await answer
     assert response.status == 200, await response.text()

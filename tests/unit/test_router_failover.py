@@ -81,7 +81,7 @@ async def test_a_failed_prefill_is_retried_once_on_another_worker(
     assert line["events_ms"]["prefill_dispatched"] <= line["events_ms"]["prefill_retried"]
     # A refused or broken connection takes the worker out at once; a 500 says nothing about
     # whether the next request would work there, so it stays in.
-    [member] = [b for b in running.router.pools["prefill"].backends if b.url == first_url]
+    [member] = [b for b in running.router.registry.primary.pools["prefill"].backends if b.url == first_url]
     assert member.healthy is (fault == "http_500")
 
 
@@ -193,7 +193,7 @@ async def test_decode_failing_to_load_the_kv_is_a_clear_error_naming_the_hand_of
     assert await running.metric("pdserve_router_backend_errors_total",
                                 {"role": "decode", "kind": "kv_handoff"}) == 1
     # vLLM stays healthy after a failed KV load; so does the router's view of it.
-    assert running.router.pools["decode"].ready()
+    assert running.router.registry.primary.pools["decode"].ready()
 
 
 async def test_a_decode_500_without_a_hand_off_is_relayed_as_it_is(
@@ -262,7 +262,7 @@ async def test_the_breaker_takes_out_a_worker_whose_calls_fail_while_its_health_
     assert statuses.count(200) == 7
     assert await running.metric("pdserve_router_breaker_opened_total",
                                 {"role": "colocated", "backend": broken.url}) == 1
-    [member] = [b for b in running.router.pools["colocated"].backends if b.url == broken.url]
+    [member] = [b for b in running.router.registry.primary.pools["colocated"].backends if b.url == broken.url]
     assert not member.healthy and "circuit open" in member.last_error
     # After the cool-down its probe puts it back (half-open), and one more failure reopens it.
     await wait_until(lambda: member.healthy, timeout_s=3)
@@ -297,7 +297,7 @@ async def test_a_worker_the_request_never_reached_is_passed_over_for_another(
         assert len(prefill.requests) == 1
         assert second.requests[0].body["kv_transfer_params"]["remote_engine_id"] == "stub-prefill-engine"
     assert await running.metric(RETRIES, {"role": role}) == 1
-    assert not running.router.pools[role].backends[0].healthy
+    assert not running.router.registry.primary.pools[role].backends[0].healthy
     [line] = [json.loads(r.getMessage().removeprefix("timeline ")) for r in caplog.records
               if r.name == "pdserve.router.timeline"]
     assert line["retried_from"] == first_url and line["status"] == 200
@@ -363,4 +363,4 @@ async def test_a_connect_timeout_on_a_lone_worker_still_up_is_tried_once_more_on
     assert 0.6 <= elapsed < 3
     assert await running.metric(RETRIES, {"role": role}) == 1
     # A connect timeout alone does not take the worker out: the probe decides that.
-    assert running.router.pools[role].backends[0].healthy
+    assert running.router.registry.primary.pools[role].backends[0].healthy

@@ -27,8 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inference.router.config import RouterConfig
+from inference.router.errors import error_type
 from inference.router.keys import key_hash
-from inference.router.prompts import PromptChecker, error_type
+from inference.router.prompts import PromptChecker
 from inference.router.server import Router
 from tests.unit.conftest import MODEL, wait_until
 
@@ -285,7 +286,7 @@ class Harness:
     async def start(self) -> None:
         await self.server.start_server()
         self.session = ClientSession()
-        await wait_until(lambda: all(pool.ready() for pool in self.router.pools.values()))
+        await wait_until(lambda: all(pool.ready() for pool in self.router.registry.primary.pools.values()))
 
     async def close(self) -> None:
         if self.session is not None:

@@ -11,7 +11,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import ClientResponse
 
-from inference.router.prompts import PromptChecker, RequestError, error_type
+from inference.router.errors import RequestError, error_type
+from inference.router.prompts import PromptChecker
 from tests.unit.conftest import MODEL, RunningRouter, StubVLLM
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]

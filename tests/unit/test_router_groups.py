@@ -65,7 +65,8 @@ def request_ids(stub: StubVLLM) -> set[str]:
 
 def fake_group(revision: str, weight: int, state: str = "active") -> Group:
     return Group(revision=revision, mode="pd", pools={}, calls=None, forwarder=None,  # type: ignore[arg-type]
-                 placer=None, prefill_stage=None, warmer=None, weight=weight, state=state)
+                 placer=None, prefill_stage=None, warmer=None, degraded=None,  # type: ignore[arg-type]
+                 weight=weight, state=state)
 
 
 def test_smooth_weighted_round_robin_is_exact_and_interleaved() -> None:
@@ -149,7 +150,7 @@ async def test_a_group_at_weight_0_never_gets_a_request(start_router: StartRoute
     # nothing.
     for stub in stubs["1"]:
         await stub.close()
-    await wait_until(lambda: not running.router.groups["1"].pools["decode"].ready())
+    await wait_until(lambda: not running.router.registry.groups["1"].pools["decode"].ready())
     assert (await running.client.post("/v1/completions", json=COMPLETION)).status == 503
     assert all(not request_ids(stub) for stub in stubs["2"])
 
@@ -315,7 +316,7 @@ async def test_a_bad_group_is_refused_naming_the_field(start_router: StartRouter
     running = await start_router(prefill=(prefill.url,), decode=(decode.url,), admin_token=TOKEN)
     error = await error_of(await running.client.post(GROUPS, headers=AUTH, json=body), 400)
     assert error["param"] == param
-    assert list(running.router.groups) == ["1"]
+    assert list(running.router.registry.groups) == ["1"]
 
 
 async def test_a_revision_that_is_there_is_409(start_router: StartRouter,
@@ -339,7 +340,7 @@ async def test_weights_change_all_or_nothing(start_router: StartRouter,
                         ([], "weights")):
         error = await error_of(await running.client.put(path, headers=AUTH, json=body), 400)
         assert error["param"] == param
-    assert {g.revision: g.weight for g in running.router.groups.values()} == {"1": 100, "2": 0}
+    assert {g.revision: g.weight for g in running.router.registry.groups.values()} == {"1": 100, "2": 0}
     listing = await set_weights(running, {"1": 70, "2": 30})
     assert [(g["revision"], g["weight"]) for g in listing["groups"]] == [("1", 70), ("2", 30)]
     seen = Counter()
@@ -358,7 +359,7 @@ async def test_delete_refuses_an_unknown_and_the_last_active_group(
     error = await error_of(await running.client.delete(f"{GROUPS}/2", headers=AUTH), 409)
     assert (error["code"], error["param"]) == ("last_group", "revision")
     # Requests now go to 2, whose weight was 0: 1 drained away. Weight first.
-    await wait_until(lambda: "1" not in running.router.groups)
+    await wait_until(lambda: "1" not in running.router.registry.groups)
     await set_weights(running, {"2": 100})
     response = await running.client.post("/v1/completions", json=COMPLETION)
     assert response.headers["X-Pdserve-Revision"] == "2"
@@ -380,7 +381,7 @@ async def test_backends_admin_names_the_group_once_there_are_two(
     response = await running.client.post("/admin/backends", headers=AUTH,
                                          json={"role": "decode", "url": extra.url, "revision": "2"})
     assert response.status == 201
-    assert [b.url for b in running.router.groups["2"].pools["decode"].backends] == [
+    assert [b.url for b in running.router.registry.groups["2"].pools["decode"].backends] == [
         stubs["2"][1].url, extra.url]
     error = await error_of(await running.client.delete(
         "/admin/backends", headers=AUTH, params={"role": "decode", "url": extra.url}), 400)
@@ -420,7 +421,7 @@ async def test_a_deleted_group_finishes_its_stream_then_disappears(
 
     gate.set()
     assert await held.read() == b"".join(chunks[1:])
-    await wait_until(lambda: "2" not in running.router.groups)
+    await wait_until(lambda: "2" not in running.router.registry.groups)
     listing = await (await running.client.get(GROUPS, headers=AUTH)).json()
     assert [g["revision"] for g in listing["groups"]] == ["1"]
     # Its gauges go; its counters stay, for rates over windows that saw it.
@@ -438,7 +439,7 @@ async def test_a_drained_prefill_stays_open_until_decode_has_its_kv(
     decode.seconds_per_prompt_token = 0.05
     running = await start_router(prefill=(prefill.url,), decode=(decode.url,), admin_token=TOKEN,
                                  kv_channel="nixl")
-    [member] = running.router.pools["prefill"].backends
+    [member] = running.router.registry.primary.pools["prefill"].backends
     request = asyncio.create_task(running.client.post("/v1/completions", json=COMPLETION))
     await wait_until(lambda: member.kv_pending == 1)
     assert member.in_flight == 0
@@ -461,7 +462,7 @@ async def test_kv_pending_is_released_by_a_failed_decode_too(
     running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl")
     response = await running.client.post("/v1/completions", json=COMPLETION)
     assert (await error_of(response, 502))["code"] == "kv_handoff_failed"
-    assert running.router.pools["prefill"].backends[0].kv_pending == 0
+    assert running.router.registry.primary.pools["prefill"].backends[0].kv_pending == 0
     assert await running.metric("pdserve_router_handoff_failures_total", {"revision": "1"}) == 1
 
 

@@ -235,7 +235,7 @@ async def test_decode_port_closed_is_503_naming_decode_quickly(
     prefill = await make_stub("prefill")
     running = await start_router(prefill=(prefill.url,), decode=(dead_url,), wait_ready=False,
                                  degraded_mode=False)
-    await wait_until(lambda: bool(running.router.pools["prefill"].ready()))
+    await wait_until(lambda: bool(running.router.registry.primary.pools["prefill"].ready()))
     started = time.monotonic()
     response = await running.client.post(CHAT, json=request_body(CHAT, stream=stream))
     assert time.monotonic() - started < 3
@@ -274,7 +274,7 @@ async def test_prefill_port_closed_is_503_naming_prefill(
     decode = await make_stub("decode")
     running = await start_router(prefill=(dead_url,), decode=(decode.url,), wait_ready=False,
                                  degraded_mode=False)
-    await wait_until(lambda: bool(running.router.pools["decode"].ready()))
+    await wait_until(lambda: bool(running.router.registry.primary.pools["decode"].ready()))
     started = time.monotonic()
     response = await running.client.post(COMPLETIONS, json=request_body(COMPLETIONS))
     assert time.monotonic() - started < 3
@@ -317,7 +317,7 @@ async def test_upstream_400_from_prefill_is_relayed_unchanged(
     assert response.headers["X-Request-Id"] == "req-400"
     assert decode.requests == []
     # A client error says nothing about the worker's health.
-    assert running.router.pools["prefill"].ready()
+    assert running.router.registry.primary.pools["prefill"].ready()
 
 
 @pytest.mark.parametrize("stream", [False, True])

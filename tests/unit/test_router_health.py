@@ -17,6 +17,7 @@ from inference.health_rule import SLOW_PROBES_TO_FAIL, SLOW_PROBES_TO_FAIL_BUSY
 from inference.router.backends import (
     PROBE_LATE_S,
     Backend,
+    Breaker,
     Pool,
     open_sessions,
     probe,
@@ -166,13 +167,17 @@ def _single(member: Backend) -> Pool:
 def test_rotation_changes_and_a_breaker_opening_are_logged_once_each(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="pdserve.router.backends")
-    healthy = Backend(url="http://127.0.0.1:1", role="decode", healthy=True)
-    assert healthy.call_failed(threshold=1, cooldown_s=5.0)
-    refused = Backend(url="http://127.0.0.1:2", role="decode", healthy=True)
+    opened: list[str] = []
+    breaker = Breaker(failures=1, cooldown_s=5.0, on_open=lambda b: opened.append(b.url))
+    healthy = Backend(url="http://127.0.0.1:1", role="decode", healthy=True, breaker=breaker)
+    healthy.call_failed()
+    refused = Backend(url="http://127.0.0.1:2", role="decode", healthy=True, breaker=breaker)
     refused.mark(False, "ClientConnectorError")
     refused.mark(False, "ClientConnectorError")  # no change: no second line
-    assert refused.call_failed(threshold=1, cooldown_s=5.0)
+    refused.call_failed()
+    refused.call_failed()  # open already: neither logged nor counted again
     refused.mark(True)
+    assert opened == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     assert [r.getMessage() for r in caplog.records] == [
         "decode http://127.0.0.1:1 out of rotation: circuit open: 1 failed calls in a row; "
         "probed again after 5 s",

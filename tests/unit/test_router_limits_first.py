@@ -105,7 +105,7 @@ async def held_router(tokenizer_dir: Path, tmp_path: Path,
         client = TestClient(TestServer(router.app()))
         await client.start_server()
         clients.append(client)
-        await wait_until(lambda: all(pool.ready() for pool in router.pools.values()))
+        await wait_until(lambda: all(pool.ready() for pool in router.registry.primary.pools.values()))
         return Started(client, checker, router)
 
     yield start

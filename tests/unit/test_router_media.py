@@ -254,7 +254,7 @@ async def test_a_data_url_is_relayed_byte_exact(start_router: StartRouter, setup
     """A request sent whole (n=2) goes on as the client's own bytes: nothing re-encoded."""
     seen: list[bytes] = []
     running = await router(start_router, setup)
-    forwarder = running.router.primary.forwarder
+    forwarder = running.router.registry.primary.forwarder
     forward = forwarder.forward
 
     async def spy(request: Any, role: str, parsed: Any, raw: bytes, *args: Any, **kw: Any) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import get_type_hints
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, generate_latest
 
 from inference.router.metrics import (
     ADDED_BUCKETS,
@@ -81,7 +81,21 @@ def test_each_attribute_is_declared_with_the_kind_its_row_builds() -> None:
     metrics = RouterMetrics.create()
     for spec in METRICS:
         assert hints[spec.attribute] is spec.kind
-        assert type(getattr(metrics, spec.attribute)) is spec.kind
+        assert isinstance(getattr(metrics, spec.attribute), spec.kind)
+
+
+def test_a_label_set_keeps_its_child_until_it_is_removed() -> None:
+    metrics = RouterMetrics.create()
+    child = metrics.requests.labels("chat", "200", "decode", "1")
+    assert metrics.requests.labels("chat", "200", "decode", "1") is child
+    assert metrics.requests.labels(endpoint="chat", status="200", role="decode",
+                                   revision="1") is child
+    gauge = metrics.in_flight.labels("decode", "http://w", "1")
+    gauge.set(3)
+    metrics.forget_backend("decode", "http://w", "1")
+    metrics.in_flight.labels("decode", "http://w", "1").set(1)
+    scraped = generate_latest(metrics.registry).decode()
+    assert 'pdserve_router_in_flight{backend="http://w",revision="1",role="decode"} 1.0' in scraped
 
 
 def test_the_histograms_keep_their_buckets() -> None:

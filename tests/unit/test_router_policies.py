@@ -249,7 +249,8 @@ async def test_prefix_aware_spills_over_when_the_home_is_overloaded(
     gate.set()
     for response in streams:
         await response.read()
-    await wait_until(lambda: all(b.in_flight == 0 for b in running.router.pools["colocated"].backends))
+    pool = running.router.registry.primary.pools["colocated"]
+    await wait_until(lambda: all(b.in_flight == 0 for b in pool.backends))
 
 
 async def test_round_robin_decode_alternates_even_when_one_worker_is_busy(

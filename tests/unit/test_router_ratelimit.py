@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from inference.router.keys import LIMIT_NAMES, key_hash, public_prefix
-from inference.router.ratelimit import REDIS_TIMEOUT_S, MemoryStore, wait_seconds
+from inference.router.ratelimit_stores import REDIS_TIMEOUT_S, MemoryStore, wait_seconds
 from inference.router.redis_client import RedisReplyError, encode, parse, parse_url
 from tests.unit.conftest import MODEL, REDIS_URL, RunningRouter, StubVLLM
 

@@ -112,3 +112,17 @@ async def test_a_prompt_within_one_block_goes_straight_to_decode(
     assert len(prefill.requests) == 1 and len(decode.requests) == 2
     assert await running.metric("pdserve_router_local_prefill_total", {}) == 1
     assert [line["kv"] for line in timelines(caplog)][0] == {"local_prefill": True}
+
+
+async def test_a_handed_over_request_keeps_its_placement_beside_the_transfer(
+        start_router: StartRouter, make_stub: MakeStub, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="pdserve.router.timeline")
+    prefill, decode = await make_stub("prefill"), await make_stub("decode")
+    running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl")
+    response = await running.client.post(
+        "/v1/completions", headers={"X-Pdserve-Placement": "remote"},
+        json={"model": MODEL, "prompt": "hello world", "max_tokens": 4})
+    assert response.status == 200
+    [line] = timelines(caplog)
+    assert line["kv"]["placement"] == "remote"
+    assert line["kv"]["remote_engine_id"] == "stub-prefill-engine"

@@ -90,7 +90,7 @@ async def byte_level_router(byte_level_dir: Path) -> AsyncIterator[StartByteLeve
         client = TestClient(TestServer(router.app()))
         await client.start_server()
         clients.append(client)
-        await wait_until(lambda: all(pool.ready() for pool in router.pools.values()))
+        await wait_until(lambda: all(pool.ready() for pool in router.registry.primary.pools.values()))
         return Started(client, checker, router)
 
     yield start
@@ -230,7 +230,7 @@ async def test_only_an_exact_count_refuses_a_prompt(byte_level_router: StartByte
                                                           prompt_tokens_per_minute=12))
     exact = len(started.checker.tokenizer(text, add_special_tokens=True)["input_ids"])
     # The corpus's words merge: fewer tokens than the estimate at four characters a token.
-    assert exact <= 12 < started.router.chars_per_token.estimate(text)
+    assert exact <= 12 < started.router.admission.chars_per_token.estimate(text)
     headers = {"Authorization": f"Bearer {key}"}
     body = {"model": MODEL, "prompt": text, "max_tokens": 4}
     response = await started.client.post("/v1/completions", json=body, headers=headers)

@@ -12,7 +12,7 @@ import pytest_asyncio
 from aiohttp import ClientResponse
 
 from inference.router.config import build_parser, config_from_args
-from inference.router.prompts import error_type
+from inference.router.errors import error_type
 from tests.unit.conftest import MODEL, RunningRouter, StubVLLM, wait_until
 
 StartRouter = Callable[..., Awaitable[RunningRouter]]
@@ -291,8 +291,8 @@ async def test_health_with_decode_down_is_degraded_or_with_the_switch_off_unavai
                                  degraded_mode=degraded_mode)
     router = running.router
     # Wait for a completed probe round, so "not ready" is a verdict rather than the initial state.
-    await wait_until(lambda: bool(router.pools["prefill"].ready())
-                     and bool(router.pools["decode"].backends[0].last_error))
+    await wait_until(lambda: bool(router.registry.primary.pools["prefill"].ready())
+                     and bool(router.registry.primary.pools["decode"].backends[0].last_error))
     response = await running.client.get("/health")
     assert response.status == status
     body = await response.json()
@@ -360,7 +360,7 @@ def test_cli_config_rejects_inconsistent_settings(argv: list[str], flag: str) ->
 
 def test_error_bodies_are_openai_shaped() -> None:
     # Clients such as the openai SDK read error.message / error.code; keep the shape stable.
-    from inference.router.prompts import RequestError
+    from inference.router.errors import RequestError
 
     body = RequestError(400, "bad", param="messages", code="x").body()
     assert json.loads(json.dumps(body)) == {

@@ -32,9 +32,9 @@ async def test_every_pair_is_handed_off_once_before_the_router_is_healthy(
     decode = await make_stub("decode")
     running = await start_router(prefill=tuple(p.url for p in prefills), decode=(decode.url,),
                                  kv_channel="nixl", kv_warmup_tokens=TOKENS, max_model_len=64)
-    await wait_until(lambda: running.router.warmer is not None
-                     and len(running.router.warmer.pairs) == 2
-                     and all(p.state == "warm" for p in running.router.warmer.pairs.values()))
+    warmer = running.router.registry.primary.warmer
+    await wait_until(lambda: warmer is not None and len(warmer.pairs) == 2
+                     and all(p.state == "warm" for p in warmer.pairs.values()))
     status, body = await health(running)
     assert status == 200 and body["status"] == "ok"
     assert sorted((p["prefill"], p["state"]) for p in body["kv_warmup"]) == sorted(
@@ -60,8 +60,8 @@ async def test_a_failing_hand_off_keeps_the_router_unhealthy_and_is_retried(
     decode.fail_with = (500, KV_LOAD_500)
     running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl",
                                  kv_warmup_tokens=TOKENS, max_model_len=64, wait_ready=False)
-    assert running.router.warmer is not None
-    running.router.warmer.retry_s = 0.05
+    assert running.router.registry.primary.warmer is not None
+    running.router.registry.primary.warmer.retry_s = 0.05
     await wait_until(lambda: len(decode.requests) >= 2)
     status, body = await health(running)
     assert status == 503 and body["status"] == "unavailable"
@@ -72,7 +72,7 @@ async def test_a_failing_hand_off_keeps_the_router_unhealthy_and_is_retried(
     assert all(role["ready"] == 1 for role in body["roles"].values())
 
     decode.fail_with = None
-    await wait_until(lambda: running.router.warmer.any_warm())
+    await wait_until(lambda: running.router.registry.primary.warmer.any_warm())
     status, body = await health(running)
     assert status == 200 and body["kv_warmup"][0]["state"] == "warm"
 
@@ -85,11 +85,11 @@ async def test_a_worker_that_went_down_is_warmed_again_when_it_is_back(
     running = await start_router(prefill=(prefill.url,), decode=(decode.url,), kv_channel="nixl",
                                  kv_warmup_tokens=TOKENS, max_model_len=64,
                                  health_interval_s=30.0)
-    warmer = running.router.warmer
+    warmer = running.router.registry.primary.warmer
     assert warmer is not None
     warmer.retry_s = 0.05
     await wait_until(warmer.any_warm)
-    backend = running.router.pools["decode"].backends[0]
+    backend = running.router.registry.primary.pools["decode"].backends[0]
     backend.mark(False, "probe failed")  # what the health probe does for a dead worker
     await wait_until(lambda: not warmer.pairs)
     backend.mark(True)
