@@ -138,7 +138,10 @@ def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _plan(name: str, family: str, media_dir: Path) -> dict[str, Any]:
-    return {"name": name, "base_model": family, "served_model_name": name, "mode": "pd",
+    # The team is named: tests before this one (the gateway's) may have made the admin a member
+    # of other teams, and then a plan must say whose it is.
+    return {"name": name, "team": "default", "base_model": family, "served_model_name": name,
+            "mode": "pd",
             "max_model_len": 2048, "longest_request": 2048, "kv_cache_gib": 1,
             "dtype": "float32", "kv_channel": "shared-storage",
             "sampling_defaults": {"temperature": 0},
