@@ -11,7 +11,7 @@ from pathlib import Path
 from django.conf import settings
 
 from console.checks.suite import enforce_handshake_compat
-from console.deployments.images import mm_limits, processor_cache_gb, router_max_images
+from console.deployments.images import cache_flag_gb, mm_limits, router_max_images
 from console.deployments.models import Deployment, WorkerPlan
 from console.gateway.router_admin import admin_token
 from console.gateway.services import write_keys_file
@@ -111,9 +111,7 @@ def worker_spec(deployment: Deployment, worker: WorkerPlan,
         cache_dir=str(settings.PDSERVE_CACHE_DIR),
         enforce_eager=settings.PDSERVE_ENFORCE_EAGER,
         mm_limits=mm_limits(deployment, worker),
-        # None: the plan's extra engine flags size it, and carry the flag themselves.
-        mm_processor_cache_gb=None if processor_cache_gb(deployment)[1]
-        else processor_cache_gb(deployment)[0],
+        mm_processor_cache_gb=cache_flag_gb(deployment),
         extra_args=tuple(deployment.extra_engine_args or ()),
     )
 

@@ -71,3 +71,11 @@ def processor_cache_gb(deployment: Deployment) -> tuple[float, bool]:
         # vLLM's parser refuses it when the plan is saved (engine_args.py); a plan stored
         # before that check counts pdserve's size.
         return MM_PROCESSOR_CACHE_GB, False
+
+
+def cache_flag_gb(deployment: Deployment) -> float | None:
+    """The processor cache size pdserve puts on a worker's command line: None when the plan's
+    extra engine flags carry their own."""
+    size, from_plan_flags = processor_cache_gb(deployment)
+    return None if from_plan_flags else size
+
