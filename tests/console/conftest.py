@@ -3,18 +3,23 @@ vision-language models."""
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 from console.deployments.defaults import ensure_default_deployment
 from console.deployments.models import Deployment
 from tests.console.passwords import OUTSIDER_PASSWORD, OWNER_PASSWORD
 from tests.console.tokens import token_for
+from tests.console.world import World, build_world
 from tests.tiny_vlm import BUILDERS, SHARED_ROOT, shared_tiny_vlm
 
 # The default model's directory, whose tokenizer the tiny VLMs take (as tests/borrowed.py's).
@@ -87,3 +92,26 @@ def tiny_vlms() -> dict[str, Path]:
     if not (SMOLLM2 / "tokenizer.json").is_file():
         pytest.fail(f"{SMOLLM2} is not prepared: run `make model` (the VLMs use its tokenizer)")
     return {name: shared_tiny_vlm(SMOLLM2, name) for name in sorted(BUILDERS)}
+
+
+@pytest.fixture(scope="module")
+def module_world(django_db_setup: None, django_db_blocker: Any,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """tests/console/world.py's world, built once per module inside a transaction that is
+    rolled back after the module's last test. Each test's own transaction (the `db` fixture)
+    is then a savepoint inside it, so what a test changes is undone before the next. Built per
+    test it cost 0.11 s on SQLite, 800 times a run."""
+    # The autouse settings above are function-scoped and not yet applied here: the same ones
+    # for the build (a plan made with verification after start on would verify on its start).
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
+                           PDSERVE_GATEWAY_PORT=0, PDSERVE_VERIFY_AFTER_START=False), \
+            django_db_blocker.unblock(), transaction.atomic():
+        yield build_world(tmp_path_factory.mktemp("world"))
+        transaction.set_rollback(True)
+
+
+@pytest.fixture
+def world(module_world: World, db: None) -> World:
+    """The module's world, its objects copied: a test that changes one in memory leaves the
+    next test's copy as the database has it."""
+    return copy.deepcopy(module_world)

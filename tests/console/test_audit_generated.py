@@ -32,7 +32,7 @@ from tests.console.test_permissions_generated import KINDS, PUBLIC, call, client
 from tests.console.test_plans import form_data
 from tests.console.tiny_models import register
 from tests.console.url_list import UNSAFE, fill, is_api
-from tests.console.world import World, build_world
+from tests.console.world import World
 
 Body = Callable[[World], dict[str, Any]]
 
@@ -445,11 +445,6 @@ PREPARE: dict[tuple[str, str], Callable[[World], None]] = {
     ("deployments/{name}/autoscaling/{role}/", "post"): _scaled,
     ("deployments/{name}/autoscaling/{role}/mode/", "post"): _scaled,
 }
-
-
-@pytest.fixture
-def world(db: None, tmp_path: Path) -> World:
-    return build_world(tmp_path)
 
 
 def _send(client: Client, method: str, url: str, body: dict[str, Any]) -> tuple[int, str]:

@@ -11,14 +11,13 @@ A path that is not classified in ``KINDS`` fails: a new endpoint must say who ma
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
 
 from tests.console.url_list import UNSAFE, fill, is_api, placeholders, templates
-from tests.console.world import ALPHA_NAMES, World, build_world
+from tests.console.world import ALPHA_NAMES, World
 
 PUBLIC = "public"        # no sign-in: the login page, the token exchange, the schema
 SELF = "self"            # the caller's own things (their API tokens): any signed-in user
@@ -245,11 +244,6 @@ def _value(world: World, resource: str, name: str) -> object:
     if resource not in by_resource:
         raise AssertionError(f"no object for {{{name}}} after {resource}/: add it to _value")
     return by_resource[resource]
-
-
-@pytest.fixture
-def world(db: None, tmp_path: Path) -> World:
-    return build_world(tmp_path)
 
 
 def client_for(world: World, who: str | None, template: str) -> Client:
