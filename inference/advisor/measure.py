@@ -38,7 +38,6 @@ from typing import Any
 
 import httpx
 
-from inference import prom_text
 from inference.output_gate import GateError, served_model
 from inference.variant_speed import prompt_ids
 from inference.worker_auth import bearer
@@ -53,8 +52,6 @@ STREAM_TOKENS = 64
 # Each of the neighbour's requests: short, so that it stops soon after the measurement.
 NEIGHBOUR_TOKENS = 64
 NEIGHBOUR_STEP_TOKENS = 4 * DECODE_TOKENS
-# vLLM's histogram of the gaps between a request's tokens, timed by its engine core.
-ITL = "vllm:inter_token_latency_seconds"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -90,20 +87,6 @@ class Server:
             salt = self._salt
         # A first token of its own: no prefix-cache hit, the whole prompt is computed.
         return [self._ids[(salt * 7919) % len(self._ids)], *self._ids[1:tokens]]
-
-    def inter_token_seconds(self) -> tuple[float, float] | None:
-        """The server's inter-token latency histogram so far, as (sum of seconds, count); None
-        from a server that exports none (a stub without /metrics)."""
-        response = self.client.get(f"{self.url}/metrics")
-        if response.status_code == 404:
-            return None
-        if response.status_code != 200:
-            raise GateError(f"{self.url}/metrics: HTTP {response.status_code}")
-        found = prom_text.samples(response.text, (f"{ITL}_sum", f"{ITL}_count"))
-        if f"{ITL}_count" not in found or f"{ITL}_sum" not in found:
-            return None
-        return (sum(value for _, value in found[f"{ITL}_sum"]),
-                sum(value for _, value in found[f"{ITL}_count"]))
 
     def complete(self, prompt: list[int], max_tokens: int) -> int:
         response = self.client.post(f"{self.url}/v1/completions", json={
@@ -183,20 +166,6 @@ def interference(server: Server, tokens: list[int], prefill: dict[str, Any],
 
 
 def decode_step(server: Server, batch: int, context: int, tokens: int = DECODE_TOKENS) -> float:
-    """One decode step at ``batch`` requests of ``context`` tokens, in milliseconds.
-
-    From vLLM's own inter-token latency where the server exports it: the client's difference of
-    two wall times also carries its threads' and the API server's work, which grows with the
-    batch (SmolLM2 on one core at batch 10: 77 ms by the client, 60 ms by the engine, and 59 ms
-    the TPOT p50 that `vllm bench serve` then measured under load)."""
-    before = server.inter_token_seconds()
-    if before is not None:
-        concurrently(server, batch, context, tokens)
-        after = server.inter_token_seconds()
-        if after is not None and after[1] > before[1]:
-            return (after[0] - before[0]) / (after[1] - before[1]) * 1000
-        raise GateError(f"{server.url}: {batch} answers of {tokens} tokens added no inter-token "
-                        f"latency to {ITL}")
     # A small model's step is a few milliseconds, within the noise of a busy machine: a pair
     # where the longer answer came no later is taken again before it counts as an error.
     for _ in range(DECODE_ATTEMPTS):

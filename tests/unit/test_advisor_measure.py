@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 
 from inference.advisor import cli
-from inference.advisor.measure import decode_step
 from inference.advisor.speeds import speeds_from_json
-from inference.output_gate import GateError
 
 PREFILL_S_PER_TOKEN = 0.00002
 DECODE_S_PER_TOKEN = 0.002
@@ -178,38 +176,3 @@ def test_a_neighbour_busy_on_the_machine_is_measured_as_its_factor(
     assert 1.6 <= speeds["neighbour"]["factor"] <= 2.4, speeds
     with_handoff = {**speeds, "handoff_ms": {"tokens": [0], "ms": [1]}}  # none measured here
     assert speeds_from_json(with_handoff).neighbour_factor == speeds["neighbour"]["factor"]
-
-
-class EngineTimed:
-    """A server whose engine reports each answer's gaps between tokens as ``step_s`` in vLLM's
-    inter-token latency histogram, whatever the answers take on the wall clock."""
-
-    url = "http://engine-timed"
-
-    def __init__(self, step_s: float) -> None:
-        self.step_s = step_s
-        self.itl_sum = 0.0
-        self.itl_count = 0
-        self._lock = threading.Lock()
-
-    def prompt(self, tokens: int) -> list[int]:
-        return [7] * tokens
-
-    def complete(self, prompt: list[int], max_tokens: int) -> int:
-        time.sleep(0.001)  # the wall clock says nothing like step_s
-        with self._lock:
-            self.itl_sum += (max_tokens - 1) * self.step_s
-            self.itl_count += max_tokens - 1
-        return max_tokens
-
-    def inter_token_seconds(self) -> tuple[float, float]:
-        return self.itl_sum, self.itl_count
-
-
-def test_a_decode_step_is_the_engines_inter_token_latency_where_it_is_exported() -> None:
-    assert decode_step(EngineTimed(0.0425), 4, 128) == pytest.approx(42.5)  # type: ignore[arg-type]
-
-
-def test_answers_that_add_no_inter_token_latency_are_an_error() -> None:
-    with pytest.raises(GateError, match="added no inter-token latency"):
-        decode_step(EngineTimed(0.0), 1, 16, tokens=1)  # type: ignore[arg-type]
