@@ -78,4 +78,3 @@ def cache_flag_gb(deployment: Deployment) -> float | None:
     extra engine flags carry their own."""
     size, from_plan_flags = processor_cache_gb(deployment)
     return None if from_plan_flags else size
-

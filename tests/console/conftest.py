@@ -26,25 +26,24 @@ from tests.tiny_vlm import BUILDERS, SHARED_ROOT, shared_tiny_vlm
 SMOLLM2 = Path(os.environ.get("PDSERVE_TEST_MODEL_DIR", SHARED_ROOT / "smollm2-135m-instruct"))
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    # The production hasher is slow on purpose (PBKDF2, a million rounds); tests hash dozens.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# What every console test runs with, set per test below and for the module-wide world's build:
+# - the production hasher is slow on purpose (PBKDF2, a million rounds); tests hash dozens;
+# - settings were read before tests/conftest.py turned the gateway off for the processes tests
+#   start: off here too, or every supervisor a test ticks would start one on 8090
+#   (tests/console/test_gateway_process.py turns it on, on a port of its own);
+# - likewise new plans do not verify themselves after a start (tests/conftest.py says why;
+#   tests/console/test_verify_after_ready.py turns it on for its plans).
+CONSOLE_TEST_SETTINGS: dict[str, Any] = {
+    "PASSWORD_HASHERS": ["django.contrib.auth.hashers.MD5PasswordHasher"],
+    "PDSERVE_GATEWAY_PORT": 0,
+    "PDSERVE_VERIFY_AFTER_START": False,
+}
 
 
 @pytest.fixture(autouse=True)
-def no_gateway(settings: Any) -> None:
-    # Settings were read before tests/conftest.py turned the gateway off for the processes
-    # tests start: off here too, or every supervisor a test ticks would start one on 8090.
-    # tests/console/test_gateway_process.py turns it on, on a port of its own.
-    settings.PDSERVE_GATEWAY_PORT = 0
-
-
-@pytest.fixture(autouse=True)
-def no_verification_after_start(settings: Any) -> None:
-    # Likewise: new plans do not verify themselves after a start (tests/conftest.py says why);
-    # tests/console/test_verify_after_ready.py turns it on for its plans.
-    settings.PDSERVE_VERIFY_AFTER_START = False
+def console_test_settings(settings: Any) -> None:
+    for name, value in CONSOLE_TEST_SETTINGS.items():
+        setattr(settings, name, value)
 
 
 @pytest.fixture
@@ -101,11 +100,10 @@ def module_world(django_db_setup: None, django_db_blocker: Any,
     rolled back after the module's last test. Each test's own transaction (the `db` fixture)
     is then a savepoint inside it, so what a test changes is undone before the next. Built per
     test it cost 0.11 s on SQLite, 800 times a run."""
-    # The autouse settings above are function-scoped and not yet applied here: the same ones
-    # for the build (a plan made with verification after start on would verify on its start).
-    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
-                           PDSERVE_GATEWAY_PORT=0, PDSERVE_VERIFY_AFTER_START=False), \
-            django_db_blocker.unblock(), transaction.atomic():
+    # The autouse settings are function-scoped and not yet applied here: the same ones for the
+    # build (a plan made with verification after start on would verify on its start).
+    with override_settings(**CONSOLE_TEST_SETTINGS), django_db_blocker.unblock(), \
+            transaction.atomic():
         yield build_world(tmp_path_factory.mktemp("world"))
         transaction.set_rollback(True)
 
