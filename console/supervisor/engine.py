@@ -33,6 +33,7 @@ from console.supervisor.children import Adopted, Backoff, Child
 from console.supervisor.health_probe import probe_health
 from console.supervisor.log_follow import LogFollow, follow_log
 from console.supervisor.models import ManagedProcess
+from console.supervisor.priority import lower_priority
 from console.supervisor.worker_keys import process_key
 from inference.child_env import child_environment
 from inference.health_rule import ProbeRule
@@ -324,6 +325,7 @@ class ProcessEngine:
             return None
         finally:
             log_file.close()  # the child has its own copy
+        lower_priority(popen.pid, record.kind)
         fields: dict[str, object] = {"restarts": restarts} if restarts is not None else {}
         ManagedProcess.objects.filter(pk=record.pk).update(
             pid=popen.pid, state=State.STARTING, command=argv, exit_code=None, degraded="",
