@@ -1,13 +1,13 @@
 """What the gateway's page and API show of each deployment's traffic through the gateway: its
 requests and refusals per second (the collector's latest snapshot), and, read live from the
-gateway, its requests in flight against the limit and who waits in its queue, by band and flow,
-summed over the gateway's replicas.
+gateway, its requests in flight against the limit and by fairness flow, and who waits in its
+queue, by band and flow, summed over the gateway's replicas.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from django.utils import timezone
 
@@ -18,6 +18,7 @@ from console.live.models import MetricSample
 
 # A snapshot older than this describes a deployment that is not collected any more.
 FRESH = timedelta(seconds=10)
+Key = TypeVar("Key")
 
 
 class Queue(NamedTuple):
@@ -25,6 +26,7 @@ class Queue(NamedTuple):
     in_flight: int
     limit: int
     waiting: dict[tuple[str, str], int]  # (band, flow) -> requests
+    holding: dict[str, int]  # flow -> requests in flight
 
 
 def replica_queues(replica: int) -> list[Queue]:
@@ -32,7 +34,10 @@ def replica_queues(replica: int) -> list[Queue]:
     body = gateway_process.admin_get(replica, "/admin/queues")
     try:
         return [Queue(entry["deployment"], int(entry["in_flight"]), int(entry["limit"]),
-                      {(w["band"], w["flow"]): int(w["requests"]) for w in entry["waiting"]})
+                      {(w["band"], w["flow"]): int(w["requests"]) for w in entry["waiting"]},
+                      # A gateway started before per-flow slots were reported (adopted by an
+                      # upgraded supervisor) lists none until it restarts.
+                      {h["flow"]: int(h["requests"]) for h in entry.get("in_flight_by_flow", [])})
                 for entry in body["deployments"]]
     except (ValueError, KeyError, TypeError) as exc:
         raise AdminUnreadable(f"GET /admin/queues: not a queue list ({exc!r})") from exc
@@ -56,12 +61,15 @@ def live_queues() -> tuple[dict[str, Queue], list[str]]:
             if total is None:
                 summed[queue.deployment] = queue
                 continue
-            waiting = dict(total.waiting)
-            for flow, count in queue.waiting.items():
-                waiting[flow] = waiting.get(flow, 0) + count
             summed[queue.deployment] = Queue(queue.deployment, total.in_flight + queue.in_flight,
-                                             total.limit + queue.limit, waiting)
+                                             total.limit + queue.limit,
+                                             _added(total.waiting, queue.waiting),
+                                             _added(total.holding, queue.holding))
     return summed, unreadable
+
+
+def _added(one: dict[Key, int], other: dict[Key, int]) -> dict[Key, int]:
+    return {name: one.get(name, 0) + other.get(name, 0) for name in {*one, *other}}
 
 
 def traffic(deployments: list[Deployment]) -> dict[str, Any]:
@@ -93,5 +101,7 @@ def traffic(deployments: list[Deployment]) -> dict[str, Any]:
             "limit": queue.limit if queue else None,
             "waiting": [{"band": band, "flow": flow, "requests": count}
                         for (band, flow), count in sorted(queue.waiting.items())] if queue else [],
+            "in_flight_by_flow": [{"flow": flow, "requests": count}
+                                  for flow, count in sorted(queue.holding.items())] if queue else [],
         })
     return {"gateway": gateway, "deployments": rows}

@@ -7,17 +7,24 @@ would already hold a worker's KV cache and could no longer be reordered (llm-d's
 makes the same choice). When a slot frees, the next request is taken
 
 - from the highest priority band that has one waiting (``BANDS``, highest first);
-- inside a band, from the fairness flow served least (start-time fair queueing: a team that
-  sends ten times as many requests as another gets the same share while both wait, and a flow
-  whose queue ran empty for a moment takes its turn back rather than waiting behind the others,
-  as plain round robin would make it);
+- inside a band, from the fairness flow that holds fewest slots now, then the one served
+  least (start-time fair queueing): a team that sends ten times as many requests as another
+  gets the same share of the slots while both wait. Slots held come first because they are the
+  deployment's capacity: after a moment when nothing waited and arrivals took the free slots
+  first come first served, the flow that got fewer is made whole at once rather than only
+  given every other slot from then on; and a team whose requests are longer holds its slots
+  longer, so it is not also given more of them. A flow whose queue ran empty for a moment
+  takes its turn back rather than waiting behind the others, as plain round robin would make
+  it;
 - inside a flow, first come first served.
 
 The queue of a deployment is bounded (``max_queue``). A request that arrives at a full queue
 either displaces a request of the lowest band waiting (the newest of its largest flow), when
-its own band is higher or its flow holds fewer of the queue's places, or is refused itself:
-the lowest band is shed first, and inside a band the flow that holds most, with 429 and
-``Retry-After``. A request
+its own band is higher or its flow holds less of the deployment, or is refused itself: the
+lowest band is shed first, and inside a band the flow that holds most, with 429 and
+``Retry-After``. What a flow holds is its requests waiting in that band and its requests in
+flight: a flow that won more slots for a moment is not also given more of the queue, so a
+team that sends no more than its half of slots and queue is never refused. A request
 that waits longer than ``queue_timeout_s`` is answered 503 ``queue_timeout``, never dropped
 silently. A client that leaves while it waits gives its place back.
 
@@ -71,9 +78,14 @@ class _Ticket:
 class QueueStats:
     """What one deployment's queue holds now, for the metrics and the admin API."""
 
-    in_flight: int
     limit: int
     waiting: dict[tuple[str, str], int] = field(default_factory=dict)  # (band, flow) -> count
+    # flow -> requests in flight: the slots each flow holds, which fairness shares out
+    holding: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self.holding.values())
 
 
 class DeploymentQueue:
@@ -84,7 +96,8 @@ class DeploymentQueue:
         self.limit = limit
         self.max_queue = max_queue
         self.timeout_s = timeout_s
-        self.in_flight = 0
+        # Requests in flight per flow; a flow with none in flight has no entry.
+        self._holding: dict[str, int] = {}
         self._clock = clock
         # One ordered map of flows per band: the first flow is the next to be served, and a
         # flow served goes to the end while it still has requests waiting.
@@ -96,11 +109,16 @@ class DeploymentQueue:
         self._virtual = 0
         self._held_s = 1.0  # EWMA of a request's time in flight, for Retry-After
 
+    @property
+    def in_flight(self) -> int:
+        # As many flows as requests in flight at most: bounded by the limit, a short sum.
+        return sum(self._holding.values())
+
     # ---- the request's side ---------------------------------------------------------
     async def acquire(self, band: str, flow: str) -> float:
         """Wait for a slot; returns the seconds waited. Raises Refused."""
         if self.in_flight < self.limit and not self._waiting:
-            self.in_flight += 1
+            self._hold(flow)
             return 0.0
         rank = BAND_RANK[band]
         if self._waiting >= self.max_queue:
@@ -121,7 +139,7 @@ class DeploymentQueue:
         except asyncio.CancelledError:
             # The client left: its place goes, and a slot granted meanwhile goes to the next.
             if ticket.granted:
-                self.release(0.0)
+                self.release(0.0, flow)
             else:
                 self._withdraw(ticket)
             raise
@@ -129,9 +147,14 @@ class DeploymentQueue:
             timer.cancel()
         return self._clock() - ticket.queued_at
 
-    def release(self, held_s: float) -> None:
-        """A request in flight ended after ``held_s`` seconds: its slot goes to the next one."""
-        self.in_flight -= 1
+    def release(self, held_s: float, flow: str) -> None:
+        """A request of ``flow`` in flight ended after ``held_s`` seconds: its slot goes to the
+        next one."""
+        left = self._holding[flow] - 1
+        if left:
+            self._holding[flow] = left
+        else:
+            del self._holding[flow]
         if held_s > 0:
             self._held_s += EWMA_WEIGHT * (held_s - self._held_s)
         self._dispatch()
@@ -147,9 +170,12 @@ class DeploymentQueue:
             ticket = self._next()
             if ticket.waiter.done():  # cancelled, its task not run yet to withdraw it
                 continue
-            self.in_flight += 1
+            self._hold(ticket.flow)
             ticket.granted = True
             ticket.waiter.set_result(None)
+
+    def _hold(self, flow: str) -> None:
+        self._holding[flow] = self._holding.get(flow, 0) + 1
 
     def _expire(self, ticket: _Ticket) -> None:
         if self._withdraw(ticket):
@@ -162,8 +188,10 @@ class DeploymentQueue:
     def _next(self) -> _Ticket:
         for flows in self._bands:
             if flows:
-                # The flow served least so far; on a tie, the one whose request came first.
-                flow = min(flows, key=lambda name: (self._served.get(name, 0),
+                # The flow holding fewest slots; then the one served least so far; then the one
+                # whose request came first.
+                flow = min(flows, key=lambda name: (self._holding.get(name, 0),
+                                                    self._served.get(name, 0),
                                                     flows[name][0].queued_at))
                 tickets = flows[flow]
                 ticket = tickets.popleft()
@@ -189,16 +217,20 @@ class DeploymentQueue:
         """Shed one request to make room for one of band ``rank`` and ``flow``.
 
         The lowest band waiting is shed first. Inside it the victim is the newest request of
-        the flow with the most waiting, so that a flood cannot take the whole queue from a
-        flow that sends little. The newcomer itself is refused when it is of that band and
-        its flow would then hold as many as the largest."""
+        the flow that holds most (waiting in that band and in flight), so that a flood cannot
+        take the whole deployment from a flow that sends little. The newcomer itself is
+        refused when it is of that band and its flow would then hold as much as the largest."""
         waiting = [r for r, flows in enumerate(self._bands) if flows]
         lowest = max(waiting, default=-1)
         if lowest < rank:
             raise self._full(rank)
         flows = self._bands[lowest]
-        largest = max(flows, key=lambda name: (len(flows[name]), flows[name][-1].queued_at))
-        if lowest == rank and len(flows.get(flow, ())) + 1 >= len(flows[largest]):
+
+        def holds(name: str) -> int:
+            return len(flows.get(name, ())) + self._holding.get(name, 0)
+
+        largest = max(flows, key=lambda name: (holds(name), flows[name][-1].queued_at))
+        if lowest == rank and holds(flow) + 1 >= holds(largest):
             raise self._full(rank)
         victim = flows[largest].pop()
         if not flows[largest]:
@@ -238,7 +270,7 @@ class DeploymentQueue:
     def stats(self) -> QueueStats:
         waiting = {(BANDS[rank], flow): len(tickets)
                    for rank, flows in enumerate(self._bands) for flow, tickets in flows.items()}
-        return QueueStats(self.in_flight, self.limit, waiting)
+        return QueueStats(self.limit, waiting, dict(self._holding))
 
 
 class FlowControl:

@@ -121,7 +121,7 @@ class Forwarder:
         try:
             return await self._call(request, url, target, model, data, headers, request_id)
         finally:
-            queue.release(time.monotonic() - started)
+            queue.release(time.monotonic() - started, flow)
 
     async def _call(self, request: web.Request, url: str, target: Deployment, model: str,
                     data: bytes, headers: CIMultiDict[str], request_id: str) -> web.StreamResponse:

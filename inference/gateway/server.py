@@ -190,7 +190,9 @@ class Gateway:
         return web.json_response({"deployments": [
             {"deployment": name, "in_flight": stats.in_flight, "limit": stats.limit,
              "waiting": [{"band": band, "flow": flow, "requests": count}
-                         for (band, flow), count in sorted(stats.waiting.items())]}
+                         for (band, flow), count in sorted(stats.waiting.items())],
+             "in_flight_by_flow": [{"flow": flow, "requests": count}
+                                   for flow, count in sorted(stats.holding.items())]}
             for name, stats in ((name, queue.stats()) for name, queue in self.flows.queues.items())]})
 
     async def replace_config(self, request: web.Request) -> web.Response:

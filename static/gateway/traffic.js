@@ -29,8 +29,11 @@
       cell(row, entry.deployment);
       cell(row, rate(entry.rps), "rps");
       cell(row, rate(entry.shed_ps), "shed");
-      cell(row, entry.limit === null ? "no queue" : entry.in_flight + " of " + entry.limit,
-           "in-flight");
+      const holding = entry.in_flight_by_flow.map(function (h) {
+        return h.flow + ": " + h.requests;
+      });
+      cell(row, entry.limit === null ? "no queue" : entry.in_flight + " of " + entry.limit
+           + (holding.length ? " (" + holding.join(", ") + ")" : ""), "in-flight");
       const waiting = entry.waiting.map(function (w) {
         return w.band + "/" + w.flow + ": " + w.requests;
       });

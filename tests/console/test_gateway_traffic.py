@@ -66,15 +66,20 @@ def test_traffic_joins_the_snapshot_s_rates_and_the_live_queue(
     gateway_stub.queues = {"deployments": [
         {"deployment": deployment.name, "in_flight": 8, "limit": 8,
          "waiting": [{"band": "high", "flow": "web", "requests": 1},
-                     {"band": "low", "flow": "batch", "requests": 3}]},
+                     {"band": "low", "flow": "batch", "requests": 3}],
+         "in_flight_by_flow": [{"flow": "batch", "requests": 5},
+                               {"flow": "web", "requests": 3}]},
         # A deployment the caller may not see is never shown.
-        {"deployment": "someone-else", "in_flight": 1, "limit": 2, "waiting": []}]}
+        {"deployment": "someone-else", "in_flight": 1, "limit": 2, "waiting": [],
+         "in_flight_by_flow": [{"flow": "x", "requests": 1}]}]}
     body = api.get(URL).json()
     assert body == {"gateway": "running", "deployments": [{
         "deployment": deployment.name, "model": deployment.served_model_name, "rps": 12.5,
         "shed_ps": 3.0, "in_flight": 8, "limit": 8,
         "waiting": [{"band": "high", "flow": "web", "requests": 1},
-                    {"band": "low", "flow": "batch", "requests": 3}]}]}
+                    {"band": "low", "flow": "batch", "requests": 3}],
+        "in_flight_by_flow": [{"flow": "batch", "requests": 5},
+                              {"flow": "web", "requests": 3}]}]}
     assert gateway_stub.authorizations == [f"Bearer {gateway_process.admin_token()}"]
 
 
@@ -86,7 +91,7 @@ def test_an_unreachable_or_off_gateway_is_said_and_the_rest_still_shown(
     assert body["deployments"] == [{"deployment": deployment.name,
                                     "model": deployment.served_model_name, "rps": None,
                                     "shed_ps": None, "in_flight": None, "limit": None,
-                                    "waiting": []}]
+                                    "waiting": [], "in_flight_by_flow": []}]
     settings.PDSERVE_GATEWAY_PORT = 0
     assert api.get(URL).json()["gateway"] == "off"
 
@@ -135,15 +140,19 @@ def test_every_replicas_queues_are_summed(
     first, second = two_replicas
     first.queues = {"deployments": [
         {"deployment": deployment.name, "in_flight": 3, "limit": 3,
-         "waiting": [{"band": "low", "flow": "batch", "requests": 2}]}]}
+         "waiting": [{"band": "low", "flow": "batch", "requests": 2}],
+         "in_flight_by_flow": [{"flow": "batch", "requests": 3}]}]}
     second.queues = {"deployments": [
         {"deployment": deployment.name, "in_flight": 1, "limit": 3,
          "waiting": [{"band": "high", "flow": "web", "requests": 1},
-                     {"band": "low", "flow": "batch", "requests": 4}]}]}
+                     {"band": "low", "flow": "batch", "requests": 4}],
+         "in_flight_by_flow": [{"flow": "web", "requests": 1}]}]}
     [row] = api.get(URL).json()["deployments"]
     assert (row["in_flight"], row["limit"], row["waiting"]) == (4, 6, [
         {"band": "high", "flow": "web", "requests": 1},
         {"band": "low", "flow": "batch", "requests": 6}])
+    assert row["in_flight_by_flow"] == [{"flow": "batch", "requests": 3},
+                                        {"flow": "web", "requests": 1}]
     assert api.get(URL).json()["gateway"] == "running"
 
     # One replica down: the other's numbers, and which one could not be read.

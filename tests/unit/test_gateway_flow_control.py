@@ -1,13 +1,15 @@
 """The gateway's queues while a deployment is saturated (inference/gateway/flow_control.py):
-highest band first, round robin over fairness flows inside a band, first come first served
-inside a flow; the lowest band shed first with 429 and Retry-After; a wait past the timeout a
-503; and, through the gateway, who may choose a band, the queues' metrics and admin view, and
-an alias's next target serving what a saturated first target sheds.
+highest band first, inside a band the fairness flow holding fewest slots and then the one
+served least, first come first served inside a flow; the lowest band shed first with 429 and
+Retry-After; a wait past the timeout a 503; and, through the gateway, who may choose a band,
+the queues' metrics and admin view, and an alias's next target serving what a saturated first
+target sheds.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,15 +41,25 @@ class Clock:
         return self.now
 
 
-async def queued(queue: DeploymentQueue, band: str, flow: str, served: list[str],
+class Served(list[str]):
+    """The names of the requests served, in order, and the flows holding slots, oldest first
+    (the queue is told which flow's request ended)."""
+
+    def __init__(self, *holding: str):
+        super().__init__()
+        self.holding = deque(holding)
+
+
+async def queued(queue: DeploymentQueue, band: str, flow: str, served: Served,
                  name: str) -> None:
     """Wait for a slot, note who got it, and hold it until the test releases it."""
     await queue.acquire(band, flow)
     served.append(name)
+    served.holding.append(flow)
 
 
 async def enqueue(queue: DeploymentQueue, *requests: tuple[str, str, str],
-                  served: list[str]) -> list[asyncio.Task[None]]:
+                  served: Served) -> list[asyncio.Task[None]]:
     tasks = []
     for band, flow, name in requests:
         tasks.append(asyncio.create_task(queued(queue, band, flow, served, name)))
@@ -55,18 +67,25 @@ async def enqueue(queue: DeploymentQueue, *requests: tuple[str, str, str],
     return tasks
 
 
-async def drain(queue: DeploymentQueue, served: list[str], count: int) -> None:
-    """Release one slot at a time and let the next request take it."""
+async def refusal(waiting: Awaitable[Any]) -> Refused:
+    """The Refused that ends ``waiting`` (a request's wait for a slot)."""
+    with pytest.raises(Refused) as refused:
+        await waiting
+    return refused.value
+
+
+async def drain(queue: DeploymentQueue, served: Served, count: int) -> None:
+    """Release the oldest slot, one at a time, and let the next request take it."""
     for _ in range(count):
         before = len(served)
-        queue.release(0.5)
+        queue.release(0.5, served.holding.popleft())
         await wait_until(lambda before=before: len(served) == before + 1)
 
 
 async def test_the_highest_band_goes_first_then_first_come_first_served() -> None:
     queue = DeploymentQueue("d", limit=1)
     assert await queue.acquire("low", "a") == 0.0  # a free slot: no wait at all
-    served: list[str] = []
+    served = Served("a")
     await enqueue(queue, ("low", "a", "low-1"), ("normal", "a", "normal-1"), ("low", "a", "low-2"),
                   ("high", "a", "high-1"), ("normal", "a", "normal-2"), served=served)
     assert served == [] and queue.stats().waiting == {("low", "a"): 2, ("normal", "a"): 2,
@@ -79,7 +98,7 @@ async def test_the_highest_band_goes_first_then_first_come_first_served() -> Non
 async def test_flows_inside_a_band_take_turns_whatever_each_sends() -> None:
     queue = DeploymentQueue("d", limit=1)
     await queue.acquire("normal", "x")
-    served: list[str] = []
+    served = Served("x")
     # Team a floods before team b sends anything: b still gets every other slot.
     await enqueue(queue, *[("normal", "a", f"a{n}") for n in range(5)],
                   ("normal", "b", "b0"), ("normal", "b", "b1"), served=served)
@@ -87,10 +106,29 @@ async def test_flows_inside_a_band_take_turns_whatever_each_sends() -> None:
     assert served == ["a0", "b0", "a1", "b1", "a2", "a3", "a4"]
 
 
+async def test_a_flow_that_won_fewer_slots_while_nothing_waited_is_made_whole_first() -> None:
+    # Nothing waited, so arrivals took the slots first come first served: a three, b one.
+    queue = DeploymentQueue("d", limit=4)
+    for flow in ("a", "a", "a", "b"):
+        assert await queue.acquire("normal", flow) == 0.0
+    served = Served("a", "a", "a", "b")
+    await enqueue(queue, ("normal", "a", "a0"), ("normal", "a", "a1"), ("normal", "b", "b0"),
+                  ("normal", "b", "b1"), served=served)
+    assert queue.stats().holding == {"a": 3, "b": 1}
+    # a's first slot to end goes to b although a's request came first and neither was served
+    # from the queue yet (taking turns alone would have left a with three slots to b's one).
+    await drain(queue, served, 1)
+    assert served == ["b0"]
+    assert queue.stats().holding == {"a": 2, "b": 2}
+    # Two slots each: from then on the flows take turns.
+    await drain(queue, served, 3)
+    assert served == ["b0", "a0", "a1", "b1"]
+
+
 async def test_a_full_queue_sheds_the_newest_of_the_lowest_band_for_a_higher_one() -> None:
     queue = DeploymentQueue("d", limit=1, max_queue=2)
     await queue.acquire("normal", "x")
-    served: list[str] = []
+    served = Served("x")
     low = await enqueue(queue, ("low", "a", "low-1"), ("low", "b", "low-2"), served=served)
     # A third low request finds the queue full of its own band: it is the one refused.
     with pytest.raises(Refused) as refused:
@@ -111,22 +149,38 @@ async def test_a_full_queue_sheds_the_newest_of_the_lowest_band_for_a_higher_one
 async def test_inside_a_band_a_full_queue_sheds_from_the_flow_that_holds_most() -> None:
     queue = DeploymentQueue("d", limit=1, max_queue=4)
     await queue.acquire("normal", "x")
-    served: list[str] = []
+    served = Served("x")
     flood = await enqueue(queue, *[("normal", "a", f"a{n}") for n in range(4)], served=served)
     # b's first two displace a's newest; a third would give b more than a: b's is refused.
     light = await enqueue(queue, ("normal", "b", "b0"), ("normal", "b", "b1"), served=served)
     await wait_until(lambda: flood[3].done() and flood[2].done())
     for task in flood[2:]:
-        with pytest.raises(Refused) as shed:
-            await task
-        assert shed.value.code == "shed"
-    with pytest.raises(Refused) as refused:
-        await queue.acquire("normal", "b")
-    assert refused.value.code == "queue_full"
+        assert (await refusal(task)).code == "shed"
+    assert (await refusal(queue.acquire("normal", "b"))).code == "queue_full"
     assert queue.stats().waiting == {("normal", "a"): 2, ("normal", "b"): 2}
     await drain(queue, served, 4)
     assert served == ["a0", "b0", "a1", "b1"]
     await asyncio.gather(*flood[:2], *light)
+
+
+async def test_what_a_flow_holds_in_flight_counts_when_the_queue_sheds() -> None:
+    # a won both slots; the queue holds one request of each flow. b's second displaces a's
+    # waiting one although a and b wait as many: a holds three places of the deployment to
+    # b's one (counted by waiting requests alone, b's would have been refused).
+    queue = DeploymentQueue("d", limit=2, max_queue=2)
+    for _ in range(2):
+        await queue.acquire("normal", "a")
+    served = Served("a", "a")
+    [waiting_a, b0] = await enqueue(queue, ("normal", "a", "a-waiting"), ("normal", "b", "b0"),
+                                    served=served)
+    b1 = asyncio.create_task(queued(queue, "normal", "b", served, "b1"))
+    await wait_until(lambda: waiting_a.done())
+    assert (await refusal(waiting_a)).code == "shed"
+    # a, still holding two slots, would hold as much as b with one more: refused.
+    assert (await refusal(queue.acquire("normal", "a"))).code == "queue_full"
+    await drain(queue, served, 2)
+    assert served == ["b0", "b1"] and queue.stats().waiting == {}
+    await asyncio.gather(b0, b1)
 
 
 async def test_a_request_that_waits_too_long_gets_a_503_and_leaves_the_queue() -> None:
@@ -137,14 +191,14 @@ async def test_a_request_that_waits_too_long_gets_a_503_and_leaves_the_queue() -
     assert (refused.value.status, refused.value.code) == (503, "queue_timeout")
     assert "waited 0.05 s in the gateway's 'high' priority queue" in refused.value.message
     assert queue.stats().waiting == {}
-    queue.release(0.1)
+    queue.release(0.1, "a")
     assert queue.in_flight == 0
 
 
 async def test_a_client_that_leaves_gives_its_place_and_any_slot_back() -> None:
     queue = DeploymentQueue("d", limit=1)
     await queue.acquire("normal", "a")
-    served: list[str] = []
+    served = Served("a")
     [leaver, stayer] = await enqueue(queue, ("normal", "a", "leaver"), ("normal", "b", "stayer"),
                                      served=served)
     leaver.cancel()
@@ -156,7 +210,7 @@ async def test_a_client_that_leaves_gives_its_place_and_any_slot_back() -> None:
     # Granted a slot in the same step as it is cancelled: the slot goes to the next request.
     [granted, next_one] = await enqueue(queue, ("normal", "a", "granted"), ("normal", "a", "next"),
                                         served=served)
-    queue.release(0.1)  # grants "granted", whose task has not run yet
+    queue.release(0.1, served.holding.popleft())  # grants "granted", whose task has not run yet
     granted.cancel()
     await wait_until(lambda: "next" in served)
     assert "granted" not in served and queue.in_flight == 1
@@ -172,9 +226,9 @@ async def test_a_larger_limit_lets_waiting_requests_in_and_retry_after_follows_t
     assert queue is not None
     await queue.acquire("normal", "a")
     for _ in range(5):
-        queue.release(9.0)  # each request held its slot about 9 s
+        queue.release(9.0, "a")  # each request held its slot about 9 s
         await queue.acquire("normal", "a")
-    served: list[str] = []
+    served = Served("a")
     await enqueue(queue, *[("normal", "a", f"r{n}") for n in range(4)], served=served)
     # Four ahead, one slot, ~7 s each (the average moves toward 9 s): tens of seconds.
     assert 20 <= queue.retry_after_s() <= 40
@@ -218,7 +272,8 @@ async def test_the_gateway_queues_by_key_priority_sheds_with_429_and_reports_its
                      == {("low", "batch-team"): 2})
     queues = await (await client.get("/admin/queues", headers=ADMIN_AUTH)).json()
     assert queues == {"deployments": [{"deployment": "d", "in_flight": 1, "limit": 1, "waiting": [
-        {"band": "low", "flow": "batch-team", "requests": 2}]}]}
+        {"band": "low", "flow": "batch-team", "requests": 2}],
+        "in_flight_by_flow": [{"flow": "batch-team", "requests": 1}]}]}
     assert await running.metric("pdserve_gateway_queue_waiting",
                                 {"deployment": "d", "band": "low", "flow": "batch-team"}) == 2
 

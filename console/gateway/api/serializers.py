@@ -233,6 +233,12 @@ class QueueWaitingSerializer(serializers.Serializer):
     requests = serializers.IntegerField()
 
 
+class FlowInFlightSerializer(serializers.Serializer):
+    flow = serializers.CharField(help_text="fairness flow: the key's team, or what a key "
+                                           "allowed to send X-Pdserve-Fairness-Id set")
+    requests = serializers.IntegerField(help_text="its requests in flight: the slots it holds")
+
+
 class DeploymentTrafficSerializer(serializers.Serializer):
     deployment = serializers.CharField()
     model = serializers.CharField(help_text="its served model name")
@@ -247,6 +253,8 @@ class DeploymentTrafficSerializer(serializers.Serializer):
                                      "the gateway queues (the plan's concurrency times the "
                                      "ready workers that generate), the replicas' shares added")
     waiting = QueueWaitingSerializer(many=True)
+    in_flight_by_flow = FlowInFlightSerializer(many=True, help_text="the slots each fairness "
+                                               "flow holds; empty when it has no queue")
 
 
 class GatewayTrafficSerializer(serializers.Serializer):
