@@ -10,7 +10,10 @@ A borrower may change the plan, stop the deployment or kill its processes. When 
 deployment back, the original plan is restored (stop, save, start) if it changed, the deployment
 is started if it was stopped, and the return waits until it is clean: every planned process ready
 and alive, the router healthy and a completion answered. If that cannot be reached the borrower's
-test fails, with the processes' errors and log tails, and so does every later borrow.
+test fails, with the processes' errors and log tails, and so does every later borrow. Two
+exceptions, each saving two vLLM starts: a plan that is the original on other worker ports (a
+rollback's green) is kept as it is, and the session's last borrower does not put it back at all
+(it is stopped right after; tests/conftest.py).
 
 What "clean" does not cover: restart counts, metrics counters, logs and API keys a borrower added,
 and the stopped process rows of slots a borrower added and removed (the process table's history).
@@ -35,6 +38,8 @@ from typing import Any
 import httpx
 import psutil
 
+from tests.borrowed_clean import BorrowError, alive, tail, wait_clean
+from tests.borrowed_plan import current_processes, plan_body, plan_of, without_ports
 from tests.console.sockets import free_port
 from tests.console_api import ConsoleApi
 from tests.tiny_llama import shared_tiny_llama
@@ -48,18 +53,9 @@ NAME = "borrowed-tiny"
 SERVED_MODEL_NAME = "tiny"
 STARTER_SECRETS = {"EMAIL_HOST_PASSWORD": "poison-mail-password", "HF_TOKEN": "poison-hf-token"}
 START_TIMEOUT_S = 420.0
-# How long the console may still call clean processes something other than ready.
-STATE_GRACE_S = 30.0
-# The keys of a deployment's reading that are its state; the others are its plan.
-NOT_PLAN = frozenset({"state", "desired_state", "degraded", "processes", "created", "updated",
-                      "revision", "rollout"})
 
 # Borrowers take turns: the deployment is lent to one at a time.
 _LOCK = threading.Lock()
-
-
-class BorrowError(AssertionError):
-    """The deployment could not be started, or not put back clean."""
 
 
 @dataclass(frozen=True)
@@ -109,64 +105,6 @@ class Handle(ConsoleApi):
         return self.data_dir / "logs" / NAME / f"{slot}.log"
 
 
-def current_processes(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A deployment's processes (as read) by slot, but for the stopped rows that slots a
-    borrower added and removed leave behind (an autoscaled decode-1, a rollout's green): the
-    process table keeps them as history, and they hold up nothing."""
-    planned = {f"{w['role']}-{w['index']}" for w in deployment["workers"]} | {"router"}
-    return {p["slot"]: p for p in deployment["processes"]
-            if p["slot"] in planned or p["state"] != "stopped"}
-
-
-def plan_of(deployment: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in deployment.items() if key not in NOT_PLAN}
-
-
-def plan_body(deployment: dict[str, Any]) -> dict[str, Any]:
-    """The write form (PUT /api/v1/deployments/<id>/) of a deployment as read."""
-    body = {key: deployment[key] for key in (
-        "name", "base_model", "served_model_name", "mode", "max_model_len", "longest_request",
-        "concurrency", "kv_channel", "kv_cache_gib", "block_size", "kv_cache_dtype",
-        "kv_load_failure", "dtype", "engine_version", "sampling_defaults")}
-    for worker in sorted(deployment["workers"], key=lambda w: (w["role"], w["index"])):
-        pool = body.setdefault(worker["role"], {"variant": worker["variant_id"], "instances": []})
-        pool["instances"].append({key: worker[key] for key in (
-            "node", "cpu_cores", "gpu_indices", "port", "side_channel_port", "share_devices")})
-    body["router"] = {key: value for key, value in deployment["router"].items() if key != "host"}
-    body["gate"] = {key: deployment["gate"][key] for key in (
-        "mode", "prompts", "min_agreement", "max_mean_logprob_delta", "action")}
-    return body
-
-
-@contextmanager
-def devices_shared(handle: Handle) -> Iterator[None]:
-    """The borrowed plan pins prefill to core 0 and decode to core 1 of this 2-core machine: a
-    third worker shares a core, which the plan must declare (else the device check refuses it,
-    as it should). A live edit: no worker restarts. The original plan comes back after."""
-    original = plan_body(handle.deployment())
-    shared = plan_body(handle.deployment())
-    for role in ("prefill", "decode"):
-        for instance in shared[role]["instances"]:
-            instance["share_devices"] = True
-    path = f"/api/v1/deployments/{handle.deployment_id}/"
-    response = handle.call("PUT", path, json=shared)
-    assert response.status_code == 200, response.text
-    try:
-        yield
-    finally:
-        response = handle.call("PUT", path, json=original)
-        assert response.status_code == 200, response.text
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 class BorrowedDeployment:
     """The facility: started on first use, lent serially, stopped by :meth:`close`."""
 
@@ -182,9 +120,11 @@ class BorrowedDeployment:
 
     # ---- lending -----------------------------------------------------------------------
     @contextmanager
-    def borrow(self, root: Path | None = None) -> Iterator[Handle]:
+    def borrow(self, root: Path | None = None, put_back: bool = True) -> Iterator[Handle]:
         """Lend the deployment (starting it the first time, under ``root`` or a temporary
-        directory); on return, put it back clean or fail."""
+        directory); on return, put it back clean or fail. ``put_back=False`` is only for the
+        session's last borrower: the early teardown closes the deployment right after it
+        (tests/early_teardown.py), and a borrow after that starts a new one."""
         if self._holder == threading.get_ident():
             raise BorrowError("the borrowed deployment is already lent to this thread (a nested borrow)")
         if not _LOCK.acquire(timeout=START_TIMEOUT_S):
@@ -197,7 +137,8 @@ class BorrowedDeployment:
             try:
                 yield handle
             finally:
-                self._put_back(handle)
+                if put_back:
+                    self._put_back(handle)
         finally:
             self._holder = None
             _LOCK.release()
@@ -287,7 +228,7 @@ class BorrowedDeployment:
         while True:
             if self._up.poll() is not None:
                 raise BorrowError(f"manage.py up exited with {self._up.returncode}: "
-                                  f"{_tail(root / 'up.log')}")
+                                  f"{tail(root / 'up.log')}")
             try:
                 response = httpx.post(f"{console}/api/v1/auth/token/", timeout=5, data={
                     "username": "admin", "password": ADMIN_PASSWORD})
@@ -295,7 +236,7 @@ class BorrowedDeployment:
                 break
             except (httpx.TransportError, ValueError, KeyError):
                 if time.monotonic() > deadline:
-                    raise BorrowError(f"the console did not answer: {_tail(root / 'up.log')}") from None
+                    raise BorrowError(f"the console did not answer: {tail(root / 'up.log')}") from None
                 time.sleep(0.5)
         return Handle(console=console, token=token, deployment_id=0, router="",
                       served_model_name=SERVED_MODEL_NAME, data_dir=data_dir,
@@ -323,7 +264,7 @@ class BorrowedDeployment:
             raise BorrowError(f"the plan's checks failed: {created['checks']}")
         handle = replace(console, deployment_id=created["id"], router=created["router_url"])
         _expect(handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/start"), 202)
-        self._wait_clean(handle, "starting it")
+        wait_clean(handle, "starting it", START_TIMEOUT_S)
         self._plan = plan_of(handle.deployment())
         return handle
 
@@ -332,6 +273,11 @@ class BorrowedDeployment:
         try:
             body = handle.deployment()
             now = plan_of(body)
+            if without_ports(now) == without_ports(self._plan):
+                # A blue-green rollout back to the same revision (a rollback) leaves the plan as
+                # it was on green's ports: the same deployment, and restoring blue's ports would
+                # cost two vLLM starts. The plan as put back is now this one.
+                self._plan = now
             if now != self._plan:
                 changed = sorted(k for k in {*now, *self._plan} if now.get(k) != self._plan.get(k))
                 print(f"borrowed: the plan changed ({', '.join(changed)}): restarting it",
@@ -346,7 +292,7 @@ class BorrowedDeployment:
                 if body["state"] != "stopped":
                     handle.wait_for_state("stopped", timeout_s=90)
                 _expect(handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/start"), 202)
-            self._wait_clean(handle, "putting it back")
+            wait_clean(handle, "putting it back", START_TIMEOUT_S)
         except BaseException as exc:
             self._broken = f"it was not put back clean: {exc}"
             raise
@@ -355,74 +301,6 @@ class BorrowedDeployment:
         if handle.deployment()["desired_state"] == "running":
             _expect(handle.call("POST", f"/api/v1/deployments/{handle.deployment_id}/stop"), 202)
         handle.wait_for_state("stopped", timeout_s=90)
-
-    def _wait_clean(self, handle: Handle, doing: str, timeout_s: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        settled_at: float | None = None  # since when only the console's word is wrong
-        while True:
-            state, problems = self._problems(handle)
-            now = time.monotonic()
-            if state == "ready" and not problems:
-                return
-            if problems:
-                settled_at = None
-            else:
-                settled_at = settled_at or now
-                if now - settled_at > STATE_GRACE_S:
-                    body = handle.deployment()
-                    planned = {w["slot"] for w in body["workers"]} | {"router"}
-                    stale = [f"{p['slot']} {p['state']}" for p in body["processes"]
-                             if p["slot"] not in planned]
-                    raise BorrowError(
-                        f"{doing}: every planned process is ready and a completion answered, but "
-                        f"the console's state stays {state!r} (rows of unplanned slots: "
-                        f"{', '.join(stale) or 'none'})\n{self._diagnosis(handle)}")
-            if now > deadline:
-                problems = problems or [f"state {state}"]
-                raise BorrowError(f"{doing}: not clean after {timeout_s:.0f} s: "
-                                  f"{'; '.join(problems)}\n{self._diagnosis(handle)}")
-            time.sleep(1)
-
-    def _problems(self, handle: Handle) -> tuple[str, list[str]]:
-        """The console's word for the deployment, and what keeps its processes from clean:
-        every planned one ready and alive, the router healthy, a completion answered."""
-        body = handle.deployment()
-        problems = [] if body["desired_state"] == "running" else [
-            f"desired state {body['desired_state']}"]
-        processes = {p["slot"]: p for p in body["processes"]}
-        planned = {w["slot"] for w in body["workers"]} | {"router"}
-        for slot in sorted(planned | set(processes)):
-            process = processes.get(slot)
-            if process is None:
-                problems.append(f"{slot}: no process")
-            elif slot not in planned:
-                if process["state"] != "stopped":  # left by a plan that had it: must stop
-                    problems.append(f"{slot} (not planned) {process['state']}")
-            elif process["state"] != "ready":
-                problems.append(f"{slot} {process['state']} {process['last_error']}".strip())
-            elif not _alive(process["pid"]):
-                problems.append(f"{slot}: pid {process['pid']} is gone")
-        if problems:
-            return body["state"], problems
-        try:
-            health = httpx.get(f"{handle.router}/health", timeout=5)
-            # "degraded" is a 200 too, but not clean: one role is serving without the other.
-            if health.status_code != 200 or health.json().get("status") != "ok":
-                return body["state"], [f"router /health {health.status_code}: {health.text[:300]}"]
-            answer = handle.complete(prompt="Hello", max_tokens=2)
-        except httpx.HTTPError as exc:
-            return body["state"], [f"router: {exc!r}"]
-        if answer.status_code != 200 or not answer.json().get("choices"):
-            return body["state"], [f"completion {answer.status_code}: {answer.text[:300]}"]
-        return body["state"], []
-
-    def _diagnosis(self, handle: Handle) -> str:
-        lines = []
-        for slot, process in handle.processes().items():
-            lines.append(f"--- {slot}: {process['state']} pid {process['pid']} "
-                         f"restarts {process['restarts']} {process['last_error']}")
-            lines.append(_tail(handle.log(slot)))
-        return "\n".join(lines)
 
     # ---- the end -----------------------------------------------------------------------
     def close(self) -> None:
@@ -448,7 +326,7 @@ class BorrowedDeployment:
                 os.killpg(up.pid, signal.SIGKILL)
                 up.wait()
         for pid in family:
-            if _alive(pid):  # only after `up` itself had to be killed
+            if alive(pid):  # only after `up` itself had to be killed
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -464,20 +342,14 @@ def _expect(response: httpx.Response, status: int) -> dict[str, Any]:
     return response.json()
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"({path}: {exc})"
-
-
 # The session's one deployment.
 FACILITY = BorrowedDeployment()
 
 
-def borrow(root: Path | None = None) -> AbstractContextManager[Handle]:
-    """``with borrow() as handle:`` the session's tiny-model deployment, put back clean after."""
-    return FACILITY.borrow(root)
+def borrow(root: Path | None = None, put_back: bool = True) -> AbstractContextManager[Handle]:
+    """``with borrow() as handle:`` the session's tiny-model deployment, put back clean after
+    (``put_back=False``: not at all, for the session's last borrower)."""
+    return FACILITY.borrow(root, put_back)
 
 
 def shutdown() -> None:

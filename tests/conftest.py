@@ -39,10 +39,14 @@ early_teardown.register("borrowed", "tests", shutdown)
 
 
 @pytest.fixture
-def borrowed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Handle]:
+def borrowed(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Handle]:
     """The session's running tiny-model deployment (started on first use), lent for one test and
-    put back clean after it; the test fails if it cannot be."""
-    with borrow(tmp_path_factory.getbasetemp() / "borrowed") as handle:
+    put back clean after it; the test fails if it cannot be. The session's last borrower does
+    not put it back: it is stopped right after (a plan that borrower changed would otherwise
+    cost two vLLM starts for nobody)."""
+    last = early_teardown.is_last_user(request.node, "borrowed", "tests")
+    with borrow(tmp_path_factory.getbasetemp() / "borrowed", put_back=not last) as handle:
         yield handle
 
 
@@ -83,7 +87,7 @@ def no_gpu_reason() -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(early_teardown.LastUsers(), "pdserve-early-teardown")
+    config.pluginmanager.register(early_teardown.LastUsers(), early_teardown.PLUGIN_NAME)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

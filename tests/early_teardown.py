@@ -22,6 +22,8 @@ import pytest
 # (fixture name, the conftest directory that defines it) -> its close. Two fixtures may share a
 # name (the e2e stack and the quality suite's): the pair tells them apart.
 _CLOSERS: dict[tuple[str, str], Callable[[], None]] = {}
+# The name tests/conftest.py registers ``LastUsers`` under.
+PLUGIN_NAME = "pdserve-early-teardown"
 
 
 def register(fixture_name: str, defined_in: str, close: Callable[[], None]) -> None:
@@ -46,18 +48,31 @@ def group_of(items: list[pytest.Item], fixture_names: list[str]) -> dict[str, in
     return groups
 
 
-def order_by_set(items: list[pytest.Item], directory: str, fixture_names: list[str]) -> None:
+def order_by_set(items: list[pytest.Item], directory: str, fixture_names: list[str],
+                 last_files: tuple[str, ...] = ()) -> None:
     """Reorder, in place, the tests under ``directory`` (a contiguous run in pytest's order) so
-    that the users of each set come together, in the order of ``fixture_names``."""
+    that the users of each set come together, in the order of ``fixture_names``; inside its
+    group a file named in ``last_files`` goes after the others (a set's last user need not
+    undo what it changed, see ``is_last_user``)."""
     indices = [i for i, item in enumerate(items) if f"/{directory}/" in f"/{item.nodeid}"]
     if not indices:
         return
     chosen = [items[i] for i in indices]
     groups = group_of(chosen, fixture_names)
+
+    def key(item: pytest.Item) -> tuple[int, bool]:
+        return groups[str(item.path)], item.path.name in last_files
+
     # sorted() is stable: files, and tests within a file, keep their order inside a group.
-    for index, item in zip(indices, sorted(chosen, key=lambda it: groups[str(it.path)]),
-                           strict=True):
+    for index, item in zip(indices, sorted(chosen, key=key), strict=True):
         items[index] = item
+
+
+def is_last_user(item: pytest.Item, fixture_name: str, defined_in: str) -> bool:
+    """Whether ``item`` is the last test of the session to use the set: the set is closed in
+    its teardown, so nothing it leaves behind reaches another test."""
+    plugin = item.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    return isinstance(plugin, LastUsers) and plugin.last.get((fixture_name, defined_in)) == item.nodeid
 
 
 class LastUsers:

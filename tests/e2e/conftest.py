@@ -1,8 +1,10 @@
 """One real stack per test session: the console, the supervisor, the default deployment's two
-vLLM workers and the router, plus one plain vLLM server as the reference for output equality.
+vLLM workers and the router.
 
-Each vLLM server takes a minute or more to start on this CPU, so they start once, all three
-together.
+The single server that PD's output is compared with is the deployment's own prefill worker,
+asked directly for the whole answer: a plain vLLM server of the same model, dtype and sampling
+defaults (its KV connector only saves what it computes). A separate reference server cost a
+third SmolLM2 start and 3 GB beside the pair.
 """
 
 from __future__ import annotations
@@ -13,18 +15,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
-from inference.launch import WorkerSpec, build_command
 from tests import early_teardown
 from tests.console.sockets import free_port
 from tests.console_api import ConsoleApi
 from tests.e2e.tiny_pd import TinyPD
-from tests.tiny_llama import TEST_CACHE_DIR, shared_tiny_llama
+from tests.tiny_llama import shared_tiny_llama
+from tests.worker_key import worker_headers
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(os.environ.get(
@@ -40,9 +42,10 @@ class Stack(ConsoleApi):
     token: str
     deployment_id: int
     router: str
-    reference: str
     data_dir: Path
-    reference_pid: int
+    # The single server: the prefill worker, with its deployment's key (tests/worker_key.py).
+    reference: str = ""
+    reference_headers: dict[str, str] = field(default_factory=dict)
 
     def deployment(self) -> dict:
         with self.api() as client:
@@ -83,7 +86,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The borrowed deployment's tests, then the stack's, then the tiny workers' (the tool
     # tests before the failover tests, which kill workers for good), then the files that start
     # their own servers: each set is closed after its last user (tests/early_teardown.py).
-    early_teardown.order_by_set(items, "e2e", ["borrowed", "stack", "tools", "tiny_pd"])
+    # The advisor's test is the borrowed deployment's last: it rolls the deployment out to
+    # colocated, and the last borrower's changes are not undone (tests/conftest.py).
+    early_teardown.order_by_set(items, "e2e", ["borrowed", "stack", "tools", "tiny_pd"],
+                                last_files=("test_advisor_live.py",))
 
 
 def _manage(env: dict[str, str], *args: str) -> None:
@@ -101,7 +107,7 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Stack]:
     data_dir = tmp_path_factory.mktemp("pdserve-data")
-    console_port, reference_port = free_port(), free_port()
+    console_port = free_port()
     env = {
         **os.environ,
         "PDSERVE_DATA_DIR": str(data_dir),
@@ -114,15 +120,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
     _manage(env, "migrate", "--noinput", "-v", "0")
     _manage(env, "bootstrap", "--model-dir", str(model_dir))
 
-    reference_log = open(data_dir / "reference.log", "wb")  # noqa: SIM115
-    reference: subprocess.Popen[bytes] | None = None
     console = subprocess.Popen([sys.executable, "manage.py", "up", "--no-start"], cwd=REPO,
                                env=env)
 
     def close() -> None:
-        """Stop the console (its supervisor stops the deployment) and the reference; the last
-        test that uses the stack calls this (tests/early_teardown.py), and the end of the
-        session again."""
+        """Stop the console (its supervisor stops the deployment); the last test that uses the
+        stack calls this (tests/early_teardown.py), and the end of the session again."""
         if console.poll() is None:
             console.send_signal(signal.SIGTERM)
             try:
@@ -130,10 +133,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
             except subprocess.TimeoutExpired:
                 console.kill()
                 console.wait()
-        if reference is not None and reference.poll() is None:
-            os.killpg(reference.pid, signal.SIGKILL)
-            reference.wait()
-        reference_log.close()
 
     early_teardown.register("stack", "tests/e2e", close)
     try:
@@ -145,27 +144,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator
                                 headers={"Authorization": f"Token {token}"}).json()["results"]
         default = next(d for d in deployments if d["name"] == "smollm2-1p1d")
         stack = Stack(console=console_url, token=token, deployment_id=default["id"],
-                      router=default["router_url"], reference=f"http://127.0.0.1:{reference_port}",
-                      data_dir=data_dir, reference_pid=0)
+                      router=default["router_url"], data_dir=data_dir)
         with stack.api() as client:
             client.post(f"/api/v1/deployments/{stack.deployment_id}/start").raise_for_status()
-        # The reference starts beside the deployment's two workers: every server here runs
-        # eager (tests/conftest.py), and three eager starts at once on two cores end sooner
-        # than two and then one (compiling, they took over 7 minutes together).
-        # The reference: one plain vLLM server with the deployment's model, dtype and
-        # sampling defaults.
-        reference_argv, reference_env = build_command(WorkerSpec(
-            role="colocated", model_path=str(model_dir), served_model_name="smollm2",
-            port=reference_port, max_model_len=default["max_model_len"], dtype=default["dtype"],
-            cpu_cores=(1,), sampling_defaults=default["sampling_defaults"], cache_dir=str(TEST_CACHE_DIR),
-            enforce_eager=True,
-        ))
-        reference = subprocess.Popen(reference_argv, env={**os.environ, **reference_env},
-                                     stdout=reference_log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        stack.reference_pid = reference.pid
-        stack.wait_for_state("ready")
-        _wait_http(f"{stack.reference}/health", START_TIMEOUT_S, reference)
+        body = stack.wait_for_state("ready")
+        [prefill] = [p for p in body["processes"] if p["slot"] == "prefill-0"]
+        stack.reference = f"http://127.0.0.1:{prefill['port']}"
+        stack.reference_headers = worker_headers(data_dir, default["name"])
         yield stack
     finally:
         close()

@@ -5,9 +5,8 @@ of the plan's variant are measured on a vLLM server the supervisor starts (a Cel
 for it), the advice for a light load ranks colocated x1 first (every candidate serves it within
 the SLOs, and a tie goes to fewer servers), and one call drafts that topology and rolls it out
 blue-green with the rollout machinery. Requests keep being answered through the switch and
-after it. The borrowed fixture's put-back then restores the PD plan (stop, save, start: two
-starts, where a rollback and the put-back's restart for the rollback's new ports took four;
-tests/e2e/test_rollouts_live.py rolls back).
+after it. This is the borrowed deployment's last test (tests/e2e/conftest.py), so the
+deployment stops colocated: restoring the PD plan would be two vLLM starts for nobody.
 """
 
 from __future__ import annotations

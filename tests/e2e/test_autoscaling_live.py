@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.borrowed import Handle, devices_shared
+from tests.borrowed import Handle
+from tests.borrowed_plan import devices_shared
 from tests.e2e.test_rollouts_live import Load
 
 pytestmark = pytest.mark.vllm

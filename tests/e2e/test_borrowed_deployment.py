@@ -17,7 +17,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.borrowed import FACILITY, Handle, current_processes, plan_body, plan_of
+from tests.borrowed import FACILITY, Handle
+from tests.borrowed_plan import current_processes, plan_body, plan_of
 
 pytestmark = pytest.mark.vllm
 

@@ -1,8 +1,8 @@
 """The router as a drop-in for vLLM: the same request shapes go to one plain vLLM server (the
-stack's reference) and to the router in front of the default deployment's prefill/decode pair.
-Status and error type must match; for greedy requests, the tokens too. A shape that differs
-must be listed, with its reason, in the README's compatibility table, and a listed shape must
-still differ (the list cannot go stale)."""
+stack's single server: its prefill worker, asked for the whole answer) and to the router in
+front of the default deployment's prefill/decode pair. Status and error type must match; for
+greedy requests, the tokens too. A shape that differs must be listed, with its reason, in the
+README's compatibility table, and a listed shape must still differ (the list cannot go stale)."""
 
 from __future__ import annotations
 
@@ -188,9 +188,9 @@ def streamed(text: str) -> dict[str, Any]:
     return {"choices": [choices[i] for i in sorted(choices)], "usage": usage}
 
 
-def send(base: str, shape: Shape) -> httpx.Response:
+def send(base: str, shape: Shape, headers: dict[str, str] | None = None) -> httpx.Response:
     return httpx.request(shape.method, f"{base}{shape.path}", json=shape.body, timeout=180,
-                         headers=shape.headers)
+                         headers={**(headers or {}), **shape.headers})
 
 
 def listed_differences() -> dict[str, str]:
@@ -218,8 +218,8 @@ def test_every_shape_answers_as_vllm_does_or_is_a_listed_difference(stack: Stack
         if shape.compare == "tokens":
             # A prefilled prompt reaches decode as a prefix-cache hit would: the reference
             # answers from its warm prefix cache too (see test_default_deployment).
-            send(stack.reference, shape)
-        reference = outcome(send(stack.reference, shape), shape)
+            send(stack.reference, shape, stack.reference_headers)
+        reference = outcome(send(stack.reference, shape, stack.reference_headers), shape)
         routed = outcome(send(stack.router, shape), shape)
         if reference != routed:
             differences[shape.name] = (reference, routed)

@@ -1,20 +1,16 @@
 """The default deployment end to end: real vLLM prefill and decode workers on the CPU, the
-router, the console's API and the supervisor. Tests run in file order; the last one kills
-decode. tests/e2e/test_rollout_under_load.py rolls the deployment out and stops it."""
+router, the console's API and the supervisor. Tests run in file order.
+tests/e2e/test_rollout_under_load.py rolls the deployment out, kills its decode and stops it."""
 
 from __future__ import annotations
-
-import os
-import signal
-import time
 
 import httpx
 import psutil
 import pytest
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Stack
+from tests.e2e.test_failover import metric
 from tests.worker_key import worker_headers
 
 pytestmark = pytest.mark.vllm
@@ -41,12 +37,12 @@ def _client(stack: Stack) -> OpenAI:
     return OpenAI(base_url=f"{stack.router}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def _metric(stack: Stack, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels`` (any revision's)."""
-    text = httpx.get(f"{stack.router}/metrics").text
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples
-               if sample.name == name and labels.items() <= sample.labels.items())
+def _single(stack: Stack, path: str, body: dict) -> dict:
+    """The whole answer from the single server (the prefill worker, tests/e2e/conftest.py)."""
+    response = httpx.post(f"{stack.reference}{path}", json=body, headers=stack.reference_headers,
+                          timeout=120)
+    response.raise_for_status()
+    return dict(response.json())
 
 
 def test_api_shows_every_process_ready(stack: Stack) -> None:
@@ -111,14 +107,14 @@ def test_pd_output_equals_prefix_cached_single_server(stack: Stack) -> None:
     """
     body = {"model": "smollm2", "prompt": LONG_PROMPT, "max_tokens": 32,
             "return_token_ids": True, "temperature": 0}
-    fallbacks_before = _metric(stack, "pdserve_router_pd_fallback_total")
+    fallbacks_before = metric(stack.router, "pdserve_router_pd_fallback_total")
     pd = httpx.post(f"{stack.router}/v1/completions", json=body, timeout=120).json()
-    httpx.post(f"{stack.reference}/v1/completions", json=body, timeout=120).raise_for_status()
-    single = httpx.post(f"{stack.reference}/v1/completions", json=body, timeout=120).json()
+    _single(stack, "/v1/completions", body)
+    single = _single(stack, "/v1/completions", body)
     assert pd["usage"]["prompt_tokens"] > 256
     assert pd["choices"][0]["token_ids"] == single["choices"][0]["token_ids"]
     assert pd["choices"][0]["text"] == single["choices"][0]["text"]
-    assert _metric(stack, "pdserve_router_pd_fallback_total") == fallbacks_before
+    assert metric(stack.router, "pdserve_router_pd_fallback_total") == fallbacks_before
     # The KV really came from prefill: decode found it in shared storage.
     decode_log = (stack.data_dir / "logs" / "smollm2-1p1d" / "decode-0.log").read_text()
     assert "External Cache Hit!" in decode_log
@@ -127,22 +123,22 @@ def test_pd_output_equals_prefix_cached_single_server(stack: Stack) -> None:
 def test_chat_pd_equals_prefix_cached_single_server(stack: Stack) -> None:
     messages = [{"role": "user", "content": LONG_PROMPT}]
     body = {"model": "smollm2", "messages": messages, "max_tokens": 24, "temperature": 0}
-    fallbacks_before = _metric(stack, "pdserve_router_pd_fallback_total")
+    fallbacks_before = metric(stack.router, "pdserve_router_pd_fallback_total")
     pd = httpx.post(f"{stack.router}/v1/chat/completions", json=body, timeout=120).json()
-    httpx.post(f"{stack.reference}/v1/chat/completions", json=body, timeout=120)
-    single = httpx.post(f"{stack.reference}/v1/chat/completions", json=body, timeout=120).json()
+    _single(stack, "/v1/chat/completions", body)
+    single = _single(stack, "/v1/chat/completions", body)
     assert pd["choices"][0]["message"]["content"] == single["choices"][0]["message"]["content"]
     # The router's own chat rendering matched prefill's tokens, so decode got the KV.
-    assert _metric(stack, "pdserve_router_pd_fallback_total") == fallbacks_before
+    assert metric(stack.router, "pdserve_router_pd_fallback_total") == fallbacks_before
 
 
 def test_prompt_over_the_limit_is_refused_before_any_worker(stack: Stack) -> None:
-    prefill_before = _metric(stack, "pdserve_router_prefill_seconds_count")
+    prefill_before = metric(stack.router, "pdserve_router_prefill_seconds_count")
     response = httpx.post(f"{stack.router}/v1/completions", timeout=30,
                           json={"model": "smollm2", "prompt": "word " * 3000, "max_tokens": 4})
     assert response.status_code == 400
     assert "2048" in response.json()["error"]["message"]
-    assert _metric(stack, "pdserve_router_prefill_seconds_count") == prefill_before
+    assert metric(stack.router, "pdserve_router_prefill_seconds_count") == prefill_before
 
 
 def test_unknown_model_is_404(stack: Stack) -> None:
@@ -166,33 +162,3 @@ def test_one_token_prompts_keep_every_worker_alive(stack: Stack) -> None:
     body = stack.deployment()
     assert body["state"] == "ready"
     assert all(p["restarts"] == 0 for p in body["processes"])
-
-
-def test_killed_decode_leaves_requests_to_prefill_then_supervisor_restarts_it(
-        stack: Stack) -> None:
-    decode = next(p for p in stack.deployment()["processes"] if p["slot"] == "decode-0")
-    degraded_before = _metric(stack, "pdserve_router_degraded_total", missing_role="decode")
-    os.killpg(decode["pid"], signal.SIGKILL)
-    started = time.monotonic()
-    # Degraded mode: with decode gone, prefill answers the whole request.
-    response = httpx.post(f"{stack.router}/v1/chat/completions", timeout=30,
-                          json={"model": "smollm2", "messages": QUESTION, "max_tokens": 4})
-    assert response.status_code == 200, response.text
-    assert response.json()["choices"][0]["message"]["content"]
-    assert time.monotonic() - started < 10
-    assert _metric(stack, "pdserve_router_degraded_total", missing_role="decode") \
-        == degraded_before + 1
-    deadline = time.monotonic() + 420
-    restarted: dict = {}
-    while time.monotonic() < deadline:
-        body = stack.deployment()
-        restarted = next(p for p in body["processes"] if p["slot"] == "decode-0")
-        if restarted["pid"] not in (None, decode["pid"]) and body["state"] == "ready":
-            break
-        time.sleep(1)
-    assert body["state"] == "ready", body
-    assert restarted["restarts"] == 1
-    answer = _client(stack).chat.completions.create(model="smollm2", messages=QUESTION,
-                                                    max_tokens=24)
-    assert "Paris" in answer.choices[0].message.content
-

@@ -15,19 +15,15 @@ prompts on decode, so nothing would be in flight on prefill or handed over as KV
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -35,21 +31,27 @@ import pytest
 
 from inference.process_groups import kill_group
 from inference.router.keys import key_hash, new_key, public_prefix
-from inference.worker_auth import ROUTER_WORKER_KEY_ENV
-from tests.borrowed import FACILITY, NAME, Handle
+from tests.borrowed import NAME, Handle
 from tests.console.sockets import free_port
 from tests.e2e.doctor import wait_for_symptom
+from tests.e2e.fault_harness import (
+    BACK_TIMEOUT_S,
+    Load,
+    failed,
+    first_ok_started_after,
+    listeners,
+    member,
+    planned_pids,
+    quiet,
+    ready_again,
+    router_of_its_own,
+    up_child,
+    wait_for,
+    worker_url,
+)
 from tests.e2e.test_failover import PROMPT, events, metric
 
 pytestmark = pytest.mark.vllm
-
-CLIENTS = 4
-# What a case may wait for a process the supervisor restarts (a tiny-model vLLM worker starts in
-# 30-60 s on this machine, and took over 3 minutes while other suites ran beside it).
-BACK_TIMEOUT_S = 300.0
-# Between one client's requests while a killed worker starts again (Load.restarting).
-RESTART_PACE_S = 0.5
-
 
 @dataclass
 class Row:
@@ -83,220 +85,6 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
-# ---- the load ----------------------------------------------------------------------------
-@dataclass
-class Result:
-    started: float
-    ended: float
-    stream: bool
-    outcome: str  # "ok", or what went wrong: "refused", "http 503 ...", "error event ...", "cut"
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == "ok"
-
-
-@dataclass
-class Load:
-    """Four clients in threads, each sending short completions one after the other, streamed
-    and not in turn, until stopped.
-
-    While a killed worker starts again, ``restarting()`` has each client wait ``RESTART_PACE_S``
-    between requests: requests keep arriving at the degraded deployment, but vLLM's start gets
-    the cores (four clients without pause made each restart take about 3 minutes on two cores).
-    ``restarted()`` makes the load full again.
-    """
-
-    router: str
-    headers: dict[str, str] = field(default_factory=dict)
-    # A distinct prompt per request (a counter in front): with shared storage, a prompt already
-    # saved is not saved again, and the KV directory cases need every request to save.
-    unique_prompts: bool = False
-    results: list[Result] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _threads: list[threading.Thread] = field(default_factory=list)
-    _counter: Iterator[int] = field(default_factory=itertools.count)
-    _pace_s: float = 0.0
-
-    def restarting(self) -> None:
-        self._pace_s = RESTART_PACE_S
-
-    def restarted(self) -> None:
-        self._pace_s = 0.0
-
-    def __enter__(self) -> Load:
-        for index in range(CLIENTS):
-            thread = threading.Thread(target=self._client, args=(index,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=90)
-
-    def _client(self, index: int) -> None:
-        with httpx.Client(timeout=60, headers=self.headers) as http:
-            for turn in itertools.count():
-                if self._stop.is_set():
-                    return
-                number = next(self._counter)
-                prompt = f"Request {number}. {PROMPT}" if self.unique_prompts else PROMPT
-                body = {"model": "tiny", "prompt": prompt, "max_tokens": 16 + number % 17,
-                        "ignore_eos": True}
-                stream = (index + turn) % 2 == 0
-                started = time.monotonic()
-                outcome = self._send(http, body, stream)
-                self.results.append(Result(started, time.monotonic(), stream, outcome))
-                if outcome == "refused":
-                    time.sleep(0.25)  # a closed port refuses at once: do not spin
-                elif self._pace_s:
-                    self._stop.wait(self._pace_s)
-
-    def _send(self, http: httpx.Client, body: dict[str, Any], stream: bool) -> str:
-        url = f"{self.router}/v1/completions"
-        try:
-            if not stream:
-                response = http.post(url, json=body)
-                if response.status_code == 200 and response.json().get("choices"):
-                    return "ok"
-                return f"http {response.status_code} {response.text[:200]}"
-            with http.stream("POST", url, json={**body, "stream": True}) as response:
-                if response.status_code != 200:
-                    return f"http {response.status_code} {response.read()[:200]!r}"
-                data = events(list(response.iter_lines()))
-            errors = [event for event in data if '"error"' in event]
-            if errors:
-                return f"error event {errors[0][:200]}"
-            return "ok" if data and data[-1] == "[DONE]" else "cut"
-        except httpx.ConnectError:
-            return "refused"
-        except httpx.HTTPError as exc:
-            return f"transport {type(exc).__name__}: {exc}"
-
-    def snapshot(self) -> list[Result]:
-        return list(self.results)
-
-    def wait_for(self, count: int, timeout_s: float = 60) -> None:
-        """Until ``count`` more requests have ended (the load is under way)."""
-        target = len(self.results) + count
-        _wait(lambda: len(self.results) >= target, f"{count} requests of the load", timeout_s)
-
-
-def failed(results: list[Result]) -> list[Result]:
-    return [r for r in results if not r.ok]
-
-
-def first_ok_started_after(results: list[Result], moment: float) -> float | None:
-    """When the first request that started at ``moment`` or later succeeded."""
-    ends = [r.ended for r in results if r.ok and r.started >= moment]
-    return min(ends) if ends else None
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout_s: float,
-          interval_s: float = 0.05) -> float:
-    """Poll ``condition`` until true; return how long it took."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"{what}: not within {timeout_s:g} s")
-        time.sleep(interval_s)
-    return time.monotonic() - started
-
-
-def _quiet(call: Callable[[], bool]) -> Callable[[], bool]:
-    """``call``, false while what it asks cannot answer (a restarting router or console)."""
-    def guarded() -> bool:
-        try:
-            return call()
-        except (httpx.HTTPError, ValueError, KeyError):
-            return False
-    return guarded
-
-
-# ---- the deployment's parts ----------------------------------------------------------------
-def worker_url(handle: Handle, slot: str) -> str:
-    [worker] = [w for w in handle.deployment()["workers"] if w["slot"] == slot]
-    return f"http://127.0.0.1:{worker['port']}"
-
-
-def member(router: str, url: str) -> dict[str, Any]:
-    """Worker ``url`` as ``router``'s /health lists it (ready, in_flight, error)."""
-    health = httpx.get(f"{router}/health", timeout=5).json()
-    for info in health["roles"].values():
-        for backend in info["backends"]:
-            if backend["url"] == url:
-                return dict(backend)
-    raise AssertionError(f"{url} is not in {router}'s pools: {health}")
-
-
-def ready_again(handle: Handle, slot: str, old_pid: int) -> Callable[[], bool]:
-    """The console says ``slot`` is ready in a process other than ``old_pid``."""
-    def check() -> bool:
-        process = handle.processes()[slot]
-        return process["state"] == "ready" and process["pid"] not in (None, old_pid)
-    return _quiet(check)
-
-
-def up_child(marker: str) -> psutil.Process:
-    """The borrowed deployment's live ``manage.py up`` child whose command line has ``marker``
-    (a killed one stays a zombie until `up` reaps it)."""
-    [up] = [p for p in FACILITY.pids() if _cmdline(p)[-2:] == ["up", "--no-start"]]
-    [child] = [c for c in psutil.Process(up).children() if marker in " ".join(_cmdline(c.pid))]
-    return child
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return psutil.Process(pid).cmdline()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return []
-
-
-@contextmanager
-def router_of_its_own(handle: Handle, logs: Path, env: dict[str, str] | None = None,
-                      args: tuple[str, ...] = ()) -> Iterator[str]:
-    """A router in front of the borrowed workers that sends every prompt through prefill."""
-    port = free_port()
-    model = _model_path(handle)
-    log = open(logs / f"router-{port}.log", "wb")  # noqa: SIM115 - closed below
-    router = subprocess.Popen(
-        [sys.executable, "-m", "inference.router", "--served-model-name", "tiny",
-         "--tokenizer", model, "--max-model-len", "2048", "--port", str(port),
-         "--prefill", worker_url(handle, "prefill-0"), "--decode", worker_url(handle, "decode-0"),
-         "--pd-policy", "remote", "--local-prefill-max-tokens", "0", *args],
-        # The workers refuse callers without their deployment's key, as they refuse strangers.
-        env={**os.environ, ROUTER_WORKER_KEY_ENV: handle.worker_headers()[
-            "Authorization"].removeprefix("Bearer "), **(env or {})},
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait(_quiet(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200),
-              "the test's router healthy", 60, interval_s=0.2)
-        yield url
-    finally:
-        os.killpg(router.pid, signal.SIGKILL)
-        router.wait()
-        log.close()
-
-
-def _model_path(handle: Handle) -> str:
-    """The tiny model's directory, from the router's command line as the supervisor ran it."""
-    argv = psutil.Process(handle.processes()["router"]["pid"]).cmdline()
-    return argv[argv.index("--tokenizer") + 1]
-
-
-def planned_pids(handle: Handle) -> dict[str, int]:
-    return {slot: process["pid"] for slot, process in handle.processes().items()}
-
-
-def listeners(port: int) -> set[int]:
-    """The pids listening on ``port``."""
-    return {c.pid for c in psutil.net_connections(kind="tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
-
-
 # ---- the cases ---------------------------------------------------------------------------
 def test_sigkill_prefill(borrowed: Handle, tmp_path: Path) -> None:
     """Only requests in flight when prefill dies may fail; decode prefills the rest meanwhile."""
@@ -306,7 +94,7 @@ def test_sigkill_prefill(borrowed: Handle, tmp_path: Path) -> None:
         load.wait_for(8)
         kill_group(prefill["pid"], signal.SIGKILL)
         killed = time.monotonic()
-        _wait(_quiet(lambda: not member(router, url)["ready"]), "prefill out of rotation", 10)
+        wait_for(quiet(lambda: not member(router, url)["ready"]), "prefill out of rotation", 10)
         detection = time.monotonic() - killed
         health = httpx.get(f"{router}/health", timeout=5)
         assert health.status_code == 200, health.text
@@ -314,9 +102,9 @@ def test_sigkill_prefill(borrowed: Handle, tmp_path: Path) -> None:
         load.wait_for(8)
         degraded = metric(router, "pdserve_router_degraded_total", {"missing_role": "prefill"})
         load.restarting()
-        _wait(ready_again(borrowed, "prefill-0", prefill["pid"]), "prefill-0 restarted",
+        wait_for(ready_again(borrowed, "prefill-0", prefill["pid"]), "prefill-0 restarted",
               BACK_TIMEOUT_S, interval_s=0.5)
-        _wait(_quiet(lambda: member(router, url)["ready"]), "prefill back in rotation", 10)
+        wait_for(quiet(lambda: member(router, url)["ready"]), "prefill back in rotation", 10)
         recovery = time.monotonic() - killed
         load.restarted()
         load.wait_for(8)
@@ -347,15 +135,17 @@ def test_sigkill_decode(borrowed: Handle, tmp_path: Path) -> None:
                 if len(events(lines)) == 3:
                     kill_group(decode["pid"], signal.SIGKILL)
                     killed = time.monotonic()
-        _wait(_quiet(lambda: not member(router, url)["ready"]), "decode out of rotation", 10)
+        wait_for(quiet(lambda: not member(router, url)["ready"]), "decode out of rotation", 10)
         detection = time.monotonic() - killed
         load.wait_for(8)
         degraded = metric(router, "pdserve_router_degraded_total", {"missing_role": "decode"})
         migrated = metric(router, "pdserve_router_migrations_total", {"role": "decode"})
         load.restarting()
-        _wait(ready_again(borrowed, "decode-0", decode["pid"]), "decode-0 restarted",
+        wait_for(ready_again(borrowed, "decode-0", decode["pid"]), "decode-0 restarted",
               BACK_TIMEOUT_S, interval_s=0.5)
-        _wait(_quiet(lambda: member(router, url)["ready"]), "decode back in rotation", 10)
+        # The console counts the restart (and the same model answers again: the load below).
+        assert borrowed.processes()["decode-0"]["restarts"] == decode["restarts"] + 1
+        wait_for(quiet(lambda: member(router, url)["ready"]), "decode back in rotation", 10)
         recovery = time.monotonic() - killed
         load.restarted()
         load.wait_for(8)
@@ -381,13 +171,13 @@ def test_sigstop_a_worker_for_30_s(borrowed: Handle) -> None:
         kill_group(decode["pid"], signal.SIGSTOP)
         stopped = time.monotonic()
         try:
-            _wait(_quiet(lambda: not member(router, url)["ready"]), "frozen decode out", 15)
+            wait_for(quiet(lambda: not member(router, url)["ready"]), "frozen decode out", 15)
             detection = time.monotonic() - stopped
             time.sleep(max(0.0, 30 - (time.monotonic() - stopped)))
         finally:
             kill_group(decode["pid"], signal.SIGCONT)
         resumed = time.monotonic()
-        back = _wait(_quiet(lambda: member(router, url)["ready"]), "decode back", 15)
+        back = wait_for(quiet(lambda: member(router, url)["ready"]), "decode back", 15)
         load.wait_for(8)
     results = load.snapshot()
     # Two failed probes a second apart with a 0.6 s deadline take up to 2.6 s; a probe the
@@ -408,13 +198,13 @@ def test_sigkill_the_router(borrowed: Handle) -> None:
         load.wait_for(8)
         kill_group(router["pid"], signal.SIGKILL)
         killed = time.monotonic()
-        detection = _wait(_quiet(lambda: borrowed.processes()["router"]["state"] != "ready"),
+        detection = wait_for(quiet(lambda: borrowed.processes()["router"]["state"] != "ready"),
                           "the console noticing the router's death", 30)
-        _wait(lambda: first_ok_started_after(load.snapshot(), killed) is not None,
+        wait_for(lambda: first_ok_started_after(load.snapshot(), killed) is not None,
               "a request answered by the new router", 60)
         gap = first_ok_started_after(load.snapshot(), killed)
         assert gap is not None
-        _wait(ready_again(borrowed, "router", router["pid"]), "router ready again", 60)
+        wait_for(ready_again(borrowed, "router", router["pid"]), "router ready again", 60)
         load.wait_for(8)
     results = load.snapshot()
     gap_end = gap
@@ -444,9 +234,9 @@ def test_sigkill_the_console_web_process(borrowed: Handle) -> None:
         load.wait_for(8)
         web.kill()
         killed = time.monotonic()
-        detection = _wait(_quiet(lambda: up_child("uvicorn").pid != web.pid),
+        detection = wait_for(quiet(lambda: up_child("uvicorn").pid != web.pid),
                           "manage.py up starting the web process again", 30)
-        _wait(_quiet(lambda: borrowed.deployment()["state"] == "ready"),
+        wait_for(quiet(lambda: borrowed.deployment()["state"] == "ready"),
               "the console answering", 60, interval_s=0.2)
         recovery = time.monotonic() - killed
         load.wait_for(8)
@@ -471,12 +261,12 @@ def test_sigkill_the_supervisor(borrowed: Handle) -> None:
         load.wait_for(8)
         supervisor.kill()
         killed = time.monotonic()
-        detection = _wait(_quiet(lambda: up_child("manage.py supervise").pid != supervisor.pid),
+        detection = wait_for(quiet(lambda: up_child("manage.py supervise").pid != supervisor.pid),
                           "manage.py up starting a supervisor again", 30)
         # Until the next supervisor exists, nothing but the old processes serves.
         successor_started = time.monotonic() - (time.time() - up_child(
             "manage.py supervise").create_time())
-        _wait(lambda: up_log.read_text(errors="replace").count("supervisor: running") > running,
+        wait_for(lambda: up_log.read_text(errors="replace").count("supervisor: running") > running,
               "the next supervisor running", 120, interval_s=0.2)
 
         def clean() -> bool:
@@ -484,7 +274,7 @@ def test_sigkill_the_supervisor(borrowed: Handle) -> None:
             return all(p["state"] == "ready" and p["pid"] and psutil.pid_exists(p["pid"])
                        for p in processes.values()) and \
                 httpx.get(f"{borrowed.router}/health", timeout=2).status_code == 200
-        _wait(_quiet(clean), "every slot ready again", BACK_TIMEOUT_S, interval_s=0.5)
+        wait_for(quiet(clean), "every slot ready again", BACK_TIMEOUT_S, interval_s=0.5)
         recovery = time.monotonic() - killed
         load.wait_for(8)
     results = load.snapshot()
@@ -511,7 +301,7 @@ def redis_server(port: int, logs: Path) -> Iterator[subprocess.Popen[bytes]]:
                                "--save", "", "--appendonly", "no"], stdout=log,
                               stderr=subprocess.STDOUT)
     try:
-        _wait(lambda: _redis_keys(port) is not None, f"redis-server on {port}", 10)
+        wait_for(lambda: _redis_keys(port) is not None, f"redis-server on {port}", 10)
         yield server
     finally:
         server.kill()
@@ -547,13 +337,13 @@ def test_redis_down_while_redis_url_is_set(borrowed: Handle, tmp_path: Path) -> 
         assert (_redis_keys(port) or 0) > 0, "the router does not count in Redis"
         redis.kill()
         killed = time.monotonic()
-        detection = _wait(_quiet(lambda: metric(
+        detection = wait_for(quiet(lambda: metric(
             router, "pdserve_router_rate_limit_store_errors_total") > 0),
             "the router noticing Redis is gone", 15, interval_s=0.1)
         load.wait_for(12)
         with redis_server(port, tmp_path):
             restarted = time.monotonic()
-            back = _wait(lambda: (_redis_keys(port) or 0) > 0, "the router counting in Redis again",
+            back = wait_for(lambda: (_redis_keys(port) or 0) > 0, "the router counting in Redis again",
                          15, interval_s=0.1)
             load.wait_for(8)
     results = load.snapshot()
@@ -593,12 +383,12 @@ def test_the_kv_directory_full(borrowed: Handle, tmp_path: Path) -> None:
         with router_of_its_own(borrowed, tmp_path) as router, \
                 Load(router, unique_prompts=True) as load:
             filled = time.monotonic()
-            detection = _wait(lambda: prefill_log.read_text(errors="replace").count(
+            detection = wait_for(lambda: prefill_log.read_text(errors="replace").count(
                 "KV not saved") > logged_before, "a log line about the failed save", 30)
             load.wait_for(12)
             _unmount(kv_dir)
             freed = time.monotonic()
-            back = _wait(lambda: any((kv_dir / entry).joinpath("complete").is_file()
+            back = wait_for(lambda: any((kv_dir / entry).joinpath("complete").is_file()
                                      for entry in os.listdir(kv_dir)),
                          "a KV folder saved again", 30, interval_s=0.1)
             load.wait_for(8)

@@ -38,7 +38,8 @@ import pytest
 from PIL import Image, ImageDraw
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.borrowed import Handle, devices_shared
+from tests.borrowed import Handle
+from tests.borrowed_plan import devices_shared
 from tests.console.sockets import free_port
 from tests.e2e.polling import expect_created, wait_until
 from tests.tiny_vlm import shared_tiny_vlm

@@ -1,7 +1,8 @@
 """A canary rollout of the default SmolLM2 deployment under the load its users put on it: vLLM's
 own benchmark client (`vllm bench serve`) sending chat requests through the router, on this
 2-core machine. The last of the stack's users (tests/e2e/conftest.py): it leaves the deployment
-at the new revision, and the final test stops it.
+at the new revision, then kills its decode (prefill answers meanwhile, and the supervisor starts
+decode again) and stops it while that decode is starting: no vLLM process is left.
 
 The rollout first meets a trickle too thin for its analysis window (green at 30% of one request
 every few seconds) and pauses with "inconclusive: not enough traffic", never an endless hold;
@@ -12,9 +13,10 @@ benchmark nor the trickle loses a request.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +28,7 @@ import pytest
 
 from bench import serve_client
 from tests.e2e.conftest import Stack
+from tests.e2e.test_failover import metric
 
 pytestmark = pytest.mark.vllm
 
@@ -46,6 +49,7 @@ STEADY = serve_client.Workload(input_len=128, output_len=32, num_prompts=200, ra
                                concurrency=16, api="chat", seed=7)
 GREEN_START_TIMEOUT_S = 600.0
 QUESTION = [{"role": "user", "content": "Name a city on a river."}]
+DEGRADED = "pdserve_router_degraded_total"
 
 
 @dataclass
@@ -167,23 +171,52 @@ def writes_under(pid: int, directory: Path) -> bool:
         return False
 
 
+def _process(stack: Stack, wanted: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    [process] = [p for p in stack.deployment()["processes"] if wanted(p)]
+    return dict(process)
+
+
+def test_a_killed_decode_leaves_requests_to_prefill_and_the_supervisor_starts_it_again(
+        stack: Stack) -> None:
+    """Not waited for until ready: the next test stops the deployment while this decode starts
+    (a restarted worker serving again is the fault matrix's, tests/e2e/test_fault_matrix.py)."""
+    # Green's decode: after the rollout, blue's stopped rows stay in the table without a pid.
+    decode = _process(stack, lambda p: p["slot"] == "decode-0" and p["pid"] is not None)
+    # Requests the router ran whole on prefill because decode was missing (any revision's).
+    degraded_before = metric(stack.router, DEGRADED, {"missing_role": "decode"})
+    os.killpg(decode["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    # Degraded mode: with decode gone, prefill answers the whole request.
+    response = httpx.post(f"{stack.router}/v1/chat/completions", timeout=30,
+                          json={"model": "smollm2", "messages": QUESTION, "max_tokens": 4})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"]
+    assert time.monotonic() - killed < 10
+    assert metric(stack.router, DEGRADED, {"missing_role": "decode"}) == degraded_before + 1
+    # Failed without a pid for its backoff (a second), then starting again in a new process.
+    deadline = time.monotonic() + 60
+    again = decode
+    while time.monotonic() < deadline and again["pid"] in (None, decode["pid"]):
+        time.sleep(0.5)
+        again = _process(stack, lambda p: p["id"] == decode["id"])
+    assert again["pid"] not in (None, decode["pid"]), again
+    assert again["restarts"] == decode["restarts"] + 1 and again["state"] == "starting", again
+
+
 def test_stop_leaves_no_vllm_process(stack: Stack) -> None:
-    # After the rollout, blue's stopped rows stay in the table without a pid.
+    # The stop comes while decode starts again (the test before): nothing of it may be left.
     pids = {p["pid"] for p in stack.deployment()["processes"] if p["pid"] is not None}
     with stack.api() as client:
         assert client.post(f"/api/v1/deployments/{stack.deployment_id}/stop").status_code == 202
     body = stack.wait_for_state("stopped", timeout_s=60)
     assert all(p["state"] == "stopped" for p in body["processes"])
-    reference = psutil.Process(stack.reference_pid)
-    reference_family = {reference.pid, *(c.pid for c in reference.children(recursive=True))}
     # This stack's processes are those writing their output under its data directory (the
     # supervisor opens each child's log there; vLLM's engine processes inherit it). Other
     # consoles run beside this one (the borrowed deployment, the console suite's routers):
     # their processes are not this stop's leftovers.
     leftovers = [
         proc.info for proc in psutil.process_iter(["pid", "cmdline"])
-        if proc.info["pid"] not in reference_family
-        and any("vllm" in part or "inference.router" in part for part in proc.info["cmdline"] or [])
+        if any("vllm" in part or "inference.router" in part for part in proc.info["cmdline"] or [])
         and writes_under(proc.info["pid"], stack.data_dir)
     ]
     assert leftovers == []

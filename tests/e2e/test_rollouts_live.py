@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from tests.borrowed import FACILITY, SMOLLM2, Handle
-from tests.e2e.test_fault_matrix import _wait, up_child
+from tests.e2e.fault_harness import up_child, wait_for
 from tests.tiny_llama import SHARED_TINY, build_tiny_llama
 
 pytestmark = pytest.mark.vllm
@@ -202,7 +202,7 @@ def test_canary_and_a_blue_green_rollback_lose_nothing_and_never_mix_revisions(
         "base_model": "tiny", "name": "f32-untied", "path": str(other)})
     assert registered.status_code in (201, 400), registered.text
     texts: dict[str, str] = {}
-    _wait(lambda: len(load.answers) >= 10, "the load's first answers", 60)
+    wait_for(lambda: len(load.answers) >= 10, "the load's first answers", 60)
     first = live["revision"]["number"] if live.get("revision") else 1
 
     # 1. Canary to the other model; the supervisor is SIGKILLed while green takes 30%.

@@ -2,13 +2,15 @@
 worker), quantized variants of a tiny random-weight Llama built with the variant builder (RTN,
 seconds), served by vLLM in PD.
 
-1. W8A8 prefill + W4A16 decode over NIXL: the plan switches NIXL's model-path check off and a long
-   prompt's KV goes through NIXL (gate off: see the test).
-2. The same pair on shared storage with the gate: it passes, and the router starts only after it.
-3. The decode variant swapped for a damaged copy of the weights (noise): the gate fails and, with the
-   action ``block``, the router is not started (deployment state ``blocked``) and the
-   troubleshooting view names symptom 4 (output differs) with decode's model files as its cause;
-   with ``warn`` the router starts and the page warns.
+1. W8A8 prefill + W4A16 decode on shared storage with the gate: it passes (asking a live
+   reference server), and the router starts only after it.
+2. The decode variant swapped for a damaged copy of the weights (noise), over NIXL: the plan
+   switches NIXL's model-path check off (the two sides' paths differ); the gate, answered from
+   the reference answers kept by 1, fails and, with the action ``block``, the router is not
+   started (deployment state ``blocked``) and the troubleshooting view names symptom 4 (output
+   differs) with decode's model files as its cause; with ``warn`` the router starts, the page
+   warns, and a long prompt's KV goes through NIXL.
+3. A variant measured on the node feeds the variant advice.
 
 Thresholds: measured on this random model with 4 prompts, the RTN W8A8 and W4A16 variants agreed
 with bf16 on 100 % of the answer tokens (mean |Δ logprob| 0.002 and 0.03); transformers puts the
@@ -187,35 +189,6 @@ def router_log_line(stack: GateStack, request_id: str) -> str:
     raise AssertionError(f"no timeline line for {request_id}")
 
 
-def test_mixed_w8a8_w4a16_pair_hands_kv_over_nixl_with_the_path_check_off(
-        stack: GateStack, plan: dict[str, Any]) -> None:
-    # The gate is off here: NIXL's busy-polling workers leave a 2-core machine too little to
-    # start the gate's reference server in time (it passed once in 445 s, failed to start once).
-    path = f"/api/v1/deployments/{plan['id']}/"
-    checks = {c["id"]: c for c in plan["checks"]["checks"]}
-    assert checks["nixl.compat"]["status"] == "warning"
-    assert stack.call("PATCH", path, json={"gate": {"mode": "off"}}).status_code == 200
-    assert stack.call("POST", f"{path}start").status_code == 202
-    # Stopped whatever happens: the next tests edit and start the same plan.
-    try:
-        deployment = stack.wait(path, lambda d: d["state"] == "ready")
-        for worker in ("prefill-0", "decode-0"):
-            header = (stack.data_dir / "logs" / "tiny-mixed" / f"{worker}.log").read_text()
-            config = json.loads(header.split("--kv-transfer-config ", 1)[1].split(None, 1)[0])
-            assert config["kv_connector"] == "NixlConnector"
-            assert config["kv_connector_extra_config"]["enforce_handshake_compat"] is False
-        response = httpx.post(f"{deployment['router_url']}/v1/completions", timeout=120,
-                              headers={"X-Request-Id": "gate-nixl"},
-                              json={"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 8})
-        assert response.status_code == 200, response.text
-        # Prefill (W8A8) named its engine and blocks: decode (W4A16) pulled them through NIXL.
-        assert re.search(r'"remote_engine_id": ?"[^"]+"', router_log_line(stack, "gate-nixl"))
-        page = stack.session.get("/deployments/tiny-mixed/").text
-        assert "switches NIXL&#x27;s compatibility check off" in page
-    finally:
-        stop(stack, plan["id"])
-
-
 def test_the_gate_passes_before_the_router_starts(stack: GateStack, plan: dict[str, Any]) -> None:
     path = f"/api/v1/deployments/{plan['id']}/"
     response = stack.call("PATCH", path, json={"kv_channel": "shared-storage",
@@ -246,48 +219,70 @@ def test_the_gate_passes_before_the_router_starts(stack: GateStack, plan: dict[s
     stop(stack, plan["id"])
 
 
-def test_a_damaged_decode_variant_is_caught_block_keeps_the_router_off_warn_serves(
+def test_a_damaged_decode_over_nixl_is_caught_block_keeps_the_router_off_warn_serves(
         stack: GateStack, plan: dict[str, Any]) -> None:
+    """The damaged decode variant beside the W8A8 prefill, over NIXL with its model-path check
+    off (the two sides' paths differ): the gate answers from the reference answers the previous
+    test kept, so no reference server has to start beside NIXL's busy-polling workers (one took
+    445 s to start once, and failed to once); then, served with ``warn``, a long prompt's KV
+    goes from prefill to decode through NIXL."""
     path = f"/api/v1/deployments/{plan['id']}/"
     response = stack.call("PATCH", path, json={
-        "kv_channel": "shared-storage", "decode": {"variant": "tiny/broken", "instances": [{}]}})
+        "kv_channel": "nixl", "decode": {"variant": "tiny/broken", "instances": [{}]}})
     assert response.status_code == 200, response.text
-    assert stack.call("POST", f"/api/v1/deployments/{plan['id']}/start").status_code == 202
-    gate = stack.wait(f"{path}gate", gate_done)["latest"]
-    assert gate["state"] == "failed", (gate["error"], gate["reasons"])
-    # No reference server this time: the previous test's answers were kept.
-    assert gate["report"]["reference_answers"] == "kept"
-    totals = {c["label"]: c["totals"]["agreement"] for c in gate["report"]["candidates"]}
-    assert totals["decode-0 (broken)"] < MIN_AGREEMENT <= totals["prefill-0 (w8a8)"]
-    assert any("decode-0 (broken)" in reason for reason in gate["reasons"])
+    checks = {c["id"]: c for c in response.json()["checks"]["checks"]}
+    assert checks["nixl.compat"]["status"] == "warning"
+    assert stack.call("POST", f"{path}start").status_code == 202
+    # Stopped whatever happens: the next test measures on the same node.
+    try:
+        gate = stack.wait(f"{path}gate", gate_done)["latest"]
+        assert gate["state"] == "failed", (gate["error"], gate["reasons"])
+        # No reference server this time: the previous test's answers were kept.
+        assert gate["report"]["reference_answers"] == "kept"
+        totals = {c["label"]: c["totals"]["agreement"] for c in gate["report"]["candidates"]}
+        assert totals["decode-0 (broken)"] < MIN_AGREEMENT <= totals["prefill-0 (w8a8)"]
+        assert any("decode-0 (broken)" in reason for reason in gate["reasons"])
 
-    deployment = stack.wait(path, lambda d: d["state"] == "blocked", 30)
-    time.sleep(3)  # a few supervisor ticks: the router must stay off
-    assert "router" not in {p["slot"]: p["state"] for p in stack.call("GET", path).json()["processes"]
-                            if p["state"] in ("starting", "ready")}
-    with pytest.raises(httpx.TransportError):
-        httpx.get(f"{deployment['router_url']}/health", timeout=2)
-    page = stack.session.get("/deployments/tiny-mixed/").text
-    assert "Router not serving: output gate failed" in page and 'state-blocked' in page
-    # The troubleshooting view names the symptom (4, output differs) and its cause: decode's
-    # model files, not the quantization of the W8A8 prefill beside it.
-    found = stack.call("GET", f"/api/v1/deployments/{plan['id']}/doctor")
-    assert found.status_code == 200, found.text
-    [differs] = [s for s in found.json()["symptoms"] if s["id"] == "output-differs"]
-    assert differs["state"] == "present", differs
-    assert differs["causes"][0]["id"] == "model-files", differs["causes"]
-    assert any("decode-0 (broken)" in e["text"] for e in differs["evidence"]), differs["evidence"]
+        deployment = stack.wait(path, lambda d: d["state"] == "blocked", 30)
+        time.sleep(3)  # a few supervisor ticks: the router must stay off
+        assert "router" not in {p["slot"]: p["state"] for p in stack.call("GET", path).json()[
+            "processes"] if p["state"] in ("starting", "ready")}
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{deployment['router_url']}/health", timeout=2)
+        page = stack.session.get("/deployments/tiny-mixed/").text
+        assert "Router not serving: output gate failed" in page and 'state-blocked' in page
+        # The troubleshooting view names the symptom (4, output differs) and its cause:
+        # decode's model files, not the quantization of the W8A8 prefill beside it.
+        found = stack.call("GET", f"/api/v1/deployments/{plan['id']}/doctor")
+        assert found.status_code == 200, found.text
+        [differs] = [s for s in found.json()["symptoms"] if s["id"] == "output-differs"]
+        assert differs["state"] == "present", differs
+        assert differs["causes"][0]["id"] == "model-files", differs["causes"]
+        assert any("decode-0 (broken)" in e["text"] for e in differs["evidence"]), \
+            differs["evidence"]
 
-    # warn: the same failed gate lets traffic through, and the page says so.
-    response = stack.call("PATCH", path, json={"gate": {"action": "warn"}})
-    assert response.status_code == 200, response.text
-    deployment = stack.wait(path, lambda d: d["state"] == "ready", 120)
-    answer = httpx.post(f"{deployment['router_url']}/v1/completions", timeout=120,
-                        json={"model": "tiny", "prompt": "Hello", "max_tokens": 4})
-    assert answer.status_code == 200, answer.text
-    panel = stack.session.get("/deployments/tiny-mixed/gate/").text
-    assert 'id="gate-warning"' in panel and "Router not serving" not in panel
-    stop(stack, plan["id"])
+        # warn: the same failed gate lets traffic through, and the page says so.
+        response = stack.call("PATCH", path, json={"gate": {"action": "warn"}})
+        assert response.status_code == 200, response.text
+        deployment = stack.wait(path, lambda d: d["state"] == "ready", 120)
+        panel = stack.session.get("/deployments/tiny-mixed/gate/").text
+        assert 'id="gate-warning"' in panel and "Router not serving" not in panel
+        page = stack.session.get("/deployments/tiny-mixed/").text
+        assert "switches NIXL&#x27;s compatibility check off" in page
+        for worker in ("prefill-0", "decode-0"):
+            log = (stack.data_dir / "logs" / "tiny-mixed" / f"{worker}.log").read_text()
+            # The last start's command line: the log holds the earlier test's start too.
+            config = json.loads(log.rsplit("--kv-transfer-config ", 1)[1].split(None, 1)[0])
+            assert config["kv_connector"] == "NixlConnector"
+            assert config["kv_connector_extra_config"]["enforce_handshake_compat"] is False
+        response = httpx.post(f"{deployment['router_url']}/v1/completions", timeout=120,
+                              headers={"X-Request-Id": "gate-nixl"},
+                              json={"model": "tiny", "prompt": LONG_PROMPT, "max_tokens": 8})
+        assert response.status_code == 200, response.text
+        # Prefill (W8A8) named its engine and blocks: decode pulled them through NIXL.
+        assert re.search(r'"remote_engine_id": ?"[^"]+"', router_log_line(stack, "gate-nixl"))
+    finally:
+        stop(stack, plan["id"])
 
 
 def test_measuring_a_variant_on_the_node_feeds_the_advice(stack: GateStack,
