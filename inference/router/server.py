@@ -30,7 +30,7 @@ from inference.router.keys import Gatekeeper, load_key_file
 from inference.router.media import MediaGate
 from inference.router.metrics import RouterMetrics
 from inference.router.pass_through import PassThrough
-from inference.router.prompts import CharsPerToken, PromptChecker
+from inference.router.prompts import CharsPerToken, PromptChecker, without_torch
 from inference.router.ratelimit import RateLimiter
 from inference.router.registry import Registry
 from inference.router.request_path import RequestPath
@@ -145,13 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     logs.configure()
+    without_torch()
     checker = PromptChecker(
         config.tokenizer_path, config.served_model_name, config.max_model_len,
         Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template else None)
     router = Router(config, checker)
-    # Loading the tokenizer imports transformers and torch: some 400,000 long-lived objects
-    # that every full collection would walk again, pausing all requests for ~0.4 s at a time.
-    # Freezing them leaves the collector only what requests allocate.
+    # Loading the tokenizer imports transformers: long-lived objects that every full
+    # collection would walk again, pausing all requests (~0.4 s at a time while torch came
+    # with it). Freezing them leaves the collector only what requests allocate.
     gc.collect()
     gc.freeze()
     log.info("router on http://%s:%d mode=%s channel=%s", config.host, config.port, config.mode,
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     # uvloop (a dependency of uvicorn[standard]): ~10 % less CPU per request than asyncio's loop.
     web.run_app(router.app(), host=config.host, port=config.port, access_log=None,
                 handler_cancellation=True, print=None, loop=uvloop.new_event_loop())
-    # Frozen objects are skipped at interpreter exit too; native extensions (triton, under
-    # torch) would then report them as leaked on stderr, which ends up in the router's log.
+    # Frozen objects are skipped by the collection at interpreter exit too: unfrozen, they are
+    # finalized there as usual.
     gc.unfreeze()
     return 0
