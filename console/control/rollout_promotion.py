@@ -1,7 +1,7 @@
 """A rollout's promotion (console/control/rollout_runner.py's draining state, once blue has
 drained): the plan becomes green's revision on green's ports, the process table's slots are
-swapped so that the supervisor keeps green's workers as the plan's and stops blue's, and the
-revisions change state, in one transaction.
+swapped so that the supervisor keeps green's workers as the plan's and stops blue's (renamed
+``slot@rN-retired``), and the revisions change state, in one transaction.
 
 What the plan's validation imports (vLLM's parser, for green's engine flags) is loaded before
 that transaction: under a canary's load the import took over two minutes inside it, holding
@@ -9,7 +9,7 @@ SQLite's write lock while every other writer failed "database is locked"."""
 
 from __future__ import annotations
 
-from console.control.worker_specs import green_slot
+from console.control.worker_specs import retired_slot
 from console.deployments.models import Deployment
 from console.deployments.plans import plan_transaction, save_plan
 from console.rollouts import revisions
@@ -43,11 +43,11 @@ def promote(rollout: Rollout, children: dict[int, Child]) -> None:
         green_suffix = f"@r{rollout.green.number}"
         green_rows = [p for p in processes if p.slot.endswith(green_suffix)]
         # Rows a slot will be renamed to that are left from earlier rollouts (stopped).
-        taken = {green_slot(p.slot, rollout.blue) for p in blue_slots}
+        taken = {retired_slot(p.slot, rollout.blue) for p in blue_slots}
         processes.filter(slot__in=taken).exclude(
             state__in=ManagedProcess.ALIVE_STATES).delete()
         for row in blue_slots:
-            renames[row.pk] = green_slot(row.slot, rollout.blue)
+            renames[row.pk] = retired_slot(row.slot, rollout.blue)
         for row in green_rows:
             renames[row.pk] = row.slot.removesuffix(green_suffix)
         for pk in renames:  # two passes: no new name meets an old one in the constraint

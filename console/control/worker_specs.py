@@ -240,6 +240,13 @@ def green_slot(slot: str, revision: Revision) -> str:
     return f"{slot}@r{revision.number}"
 
 
+def retired_slot(slot: str, revision: Revision) -> str:
+    """A promoted rollout's blue worker's slot while it stops: ``prefill-0@r1-retired``. Not
+    ``green_slot``'s: a rollback to ``revision`` asked for at once would take the worker still
+    stopping for its own green, ready at once but on blue's old ports, and keep it running."""
+    return f"{green_slot(slot, revision)}-retired"
+
+
 def green_workers(deployment: Deployment, rollout: Rollout) -> list[WorkerPlan]:
     """The rollout's green workers as unsaved plan rows: the revision's settings and variants,
     laid out as the plan lays its roles out, on the ports chosen for the rollout."""

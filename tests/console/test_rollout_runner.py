@@ -104,10 +104,12 @@ def test_a_new_runner_takes_a_stored_rollout_to_the_end_and_the_plan_becomes_gre
     assert {w.variant.name for w in deployment.workers.all()} == {"green"}
     # The slots swapped: green's processes are the plan's now, blue's are r1's (to stop).
     slots = dict(ManagedProcess.objects.filter(deployment=deployment).values_list("slot", "port"))
-    assert set(slots) == {"prefill-0", "decode-0", "prefill-0@r1", "decode-0@r1"}
+    assert set(slots) == {"prefill-0", "decode-0", "prefill-0@r1-retired",
+                          "decode-0@r1-retired"}
     assert (slots["prefill-0"], slots["decode-0"]) == (green_ports["prefill-0"],
                                                        green_ports["decode-0"])
-    assert not {slots["prefill-0@r1"], slots["decode-0@r1"]} & set(green_ports.values())
+    assert not {slots["prefill-0@r1-retired"], slots["decode-0@r1-retired"]} & set(
+        green_ports.values())
     assert dict(deployment.revisions.values_list("number", "state")) == {
         1: Revision.State.RETIRED, 2: Revision.State.LIVE}
     states = list(rollout.transitions.values_list("to_state", flat=True))
@@ -184,6 +186,30 @@ def test_a_rollouts_start_checks_green_outside_its_write_transaction(
     rollout = services.start(deployment, draft, "blue_green", None)
     assert rollout.state == State.STARTING
     assert depths == {"parser": [outside], "checks": [outside]}, (depths, outside)
+
+
+def test_a_rollback_asked_for_right_after_a_promotion_starts_green_of_its_own(
+        rollout: Rollout) -> None:
+    """Blue's workers still stopping when a one-click rollback to their revision comes: the
+    rollback's green is new workers on its own ports, not the stopping ones (in a CI run, r1's
+    stopping blue was taken for the rollback's green, ready at once on its old ports: the
+    router was sent ports nothing listened on, and the old workers were never stopped)."""
+    _green_ready(rollout)
+    assert _step(rollout).state == State.STEPPING
+    services.promote(rollout)  # no router here: no analysis window can pass
+    for _ in range(4):  # the promoted step, warm, draining, succeeded
+        rollout = _step(rollout)
+    assert rollout.state == State.SUCCEEDED
+    # Blue's workers have not stopped yet: still ready, under their retired slots.
+    retired = ManagedProcess.objects.filter(deployment=rollout.deployment,
+                                            slot__contains="@r1")
+    assert set(retired.values_list("state", flat=True)) == {READY}
+    back = services.rollback_to_previous(rollout.deployment, None)
+    assert back.to_revision.number == 1
+    specs = green_specs(rollout.deployment, back)
+    assert sorted(s.slot for s in specs) == ["decode-0@r1", "prefill-0@r1"]
+    assert not {s.port for s in specs} & set(retired.values_list("port", flat=True))
+    assert _step(back).state == State.STARTING  # nothing of green's runs yet
 
 
 def test_stopped_rows_of_an_earlier_life_of_the_green_revision_do_not_hold_it_back(
