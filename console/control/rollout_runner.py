@@ -48,7 +48,7 @@ from console.control.rollout_promotion import promote
 from console.control.rollout_router import RouterGroups
 from console.control.rollout_verification import MOVED, PASSED, GreenVerification
 from console.control.rollout_windows import AnalysisWindows, Window
-from console.control.worker_specs import ProcessSpec, green_specs
+from console.control.worker_specs import ProcessSpec, green_slot, green_specs
 from console.deployments import engine_args
 from console.deployments.models import Deployment
 from console.gateway.router_admin import AdminUnreadable
@@ -99,7 +99,7 @@ class RolloutRunner(RouterGroups, InPlace, GreenGate, GreenVerification, Analysi
             # Going forward, blue's pair drains and stops; rolling back, it starts again once
             # green's copy of it has stopped (the two share ports).
             green_gone = rollout.state == State.ROLLING_BACK and not InPlace._alive(
-                rollout, [f"{w.slot}@r{rollout.green.number}"
+                rollout, [green_slot(w.slot, rollout.green)
                           for w in deployment.workers.filter(index=transit)])
             if not green_gone:
                 taken.add(transit)
@@ -356,10 +356,10 @@ class RolloutRunner(RouterGroups, InPlace, GreenGate, GreenVerification, Analysi
 
     @staticmethod
     def _green_states(rollout: Rollout) -> dict[str, str]:
-        # This rollout's green slots only: rows of an earlier life of the same revision number
-        # keep its suffix (a rollback to r1 after r2 took over finds r1's old blue rows, an
-        # instance the autoscaler had added among them, stopped for good).
-        slots = [f"{slot}@r{rollout.green.number}" for slot in rollout.green_ports]
+        # This rollout's green slots only: rows of an earlier green of the same revision
+        # number keep its suffix (an instance the autoscaler had added to a green rolled back
+        # since, stopped for good). A retired blue's rows do not: ``slot@rN-retired``.
+        slots = [green_slot(slot, rollout.green) for slot in rollout.green_ports]
         return dict(ManagedProcess.objects.filter(
             deployment=rollout.deployment_id, slot__in=slots).values_list("slot", "state"))
 

@@ -214,9 +214,9 @@ def test_a_rollback_asked_for_right_after_a_promotion_starts_green_of_its_own(
 
 def test_stopped_rows_of_an_earlier_life_of_the_green_revision_do_not_hold_it_back(
         rollout: Rollout) -> None:
-    """Rolling back to r1 after r2 took over finds r1's old blue rows, renamed to @r1 when r2
-    took their slots, among them an instance the autoscaler had added: stopped for good. The
-    last CI's live rollback waited 600 s on one of them."""
+    """A stopped row of an earlier life of the green revision, named like its green slots (an
+    instance the autoscaler had added), does not hold green back. A live rollback once waited
+    600 s on one of them."""
     ManagedProcess.objects.create(deployment=rollout.deployment, slot="decode-1@r2",
                                   role="decode", port=free_port(),
                                   state=ManagedProcess.State.STOPPED, log_path="/dev/null")
