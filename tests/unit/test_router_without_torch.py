@@ -1,4 +1,4 @@
-"""A router process loads its tokenizer and chat template without torch (prompts.without_torch):
+"""A router process loads its tokenizer and chat template without torch (torchless.py):
 torch was most of a router's start and memory. A real `python -m inference.router` process."""
 
 from __future__ import annotations
