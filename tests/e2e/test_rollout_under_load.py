@@ -42,14 +42,18 @@ CANARY = {"steps": [{"weight": 30, "hold_s": 10}, {"weight": 100, "hold_s": 0}],
                                    "ttft_p95": {"max_ratio": 20}}},
           "scale_down_delay_s": 5, "drain_timeout_s": 60}
 TRICKLE_PAUSE_S = 4.0
-# The benchmark: 2 requests/s for about 100 s, chat, 128 tokens in and 32 out. Resumed 10 s
-# into it, the rollout succeeded 40 s later (+149 s from its start, green's start included);
-# the rest of the benchmark only has to outlast it.
+# The benchmark: 2 requests/s for about 100 s, chat, 128 tokens in and 32 out. Resumed once
+# the router has answered its first requests, the rollout succeeded about 40 s later; the rest
+# of the benchmark only has to outlast it.
 STEADY = serve_client.Workload(input_len=128, output_len=32, num_prompts=200, rate=2.0,
                                concurrency=16, api="chat", seed=7)
 GREEN_START_TIMEOUT_S = 600.0
 QUESTION = [{"role": "user", "content": "Name a city on a river."}]
 DEGRADED = "pdserve_router_degraded_total"
+ANSWERED = "pdserve_router_requests_total"
+# The trickle answers one request in 4 s or more: 12 more answers mean the benchmark's load.
+LOAD_ARRIVED_ANSWERS = 12
+LOAD_ARRIVES_S = 300.0
 
 
 @dataclass
@@ -105,6 +109,17 @@ def _wait_rollout(stack: Stack, rollout_id: int, done: Any, timeout_s: float) ->
     return body
 
 
+def _wait_for_load(stack: Stack, client: Any, answered_before: float) -> None:
+    """Until the router has answered the client's first requests: the client imports vLLM and
+    samples its prompts first, which took more than the 10 s once waited here on a slow CI
+    machine, and a rollout resumed before the load arrives pauses again on the same trickle."""
+    deadline = time.monotonic() + LOAD_ARRIVES_S
+    while metric(stack.router, ANSWERED) - answered_before < LOAD_ARRIVED_ANSWERS:
+        assert client.poll() is None, "the benchmark client exited before its load arrived"
+        assert time.monotonic() < deadline, f"no load through the router in {LOAD_ARRIVES_S} s"
+        time.sleep(1)
+
+
 def _phases(body: dict[str, Any]) -> list[str]:
     """Each transition with the seconds since the rollout began, for the closing note."""
     rows = body["transitions"]
@@ -139,9 +154,10 @@ def test_a_canary_pauses_on_a_trickle_and_finishes_under_a_real_client_s_steady_
 
     # 2. The steady load, then resume: windows fill, the steps pass, blue drains.
     out = tmp_path / "steady.json"
+    answered = metric(stack.router, ANSWERED)
     client = serve_client.start(stack.router, "smollm2", model_dir, STEADY, out)
     try:
-        time.sleep(10)  # the client's first requests are in flight
+        _wait_for_load(stack, client, answered)
         resumed = stack.call("POST", f"/api/v1/rollouts/{rollout_id}/resume/")
         assert resumed.status_code == 200, resumed.text
         done = _wait_rollout(stack, rollout_id, lambda b: b["state"] == "succeeded", 600)
