@@ -155,13 +155,19 @@ def _measure(measurement: VariantMeasurement) -> dict[str, object]:
 def reap_orphans() -> int:
     """Fail running measurements whose Celery worker is gone (killed mid-run): nobody else will
     finish their rows, and a variant with a running measurement cannot be measured again. Their
-    vLLM servers were stopped by the supervisor, whose reason is quoted."""
+    vLLM servers are stopped by the supervisor, whose reason is quoted: a measurement is failed
+    on a later round once they are gone, as a quantization job is."""
     reaped = 0
     for measurement in VariantMeasurement.objects.filter(state=State.RUNNING):
         if is_same_process(measurement.worker_pid, measurement.worker_started_at):
             continue
-        servers = ManagedProcess.objects.filter(deployment=None,
-                                                slot__startswith=f"measure-{measurement.pk}-")
+        servers = list(ManagedProcess.objects.filter(
+            deployment=None, slot__startswith=f"measure-{measurement.pk}-"))
+        # The supervisor (the same daemon, before this in its tick) stops a server whose
+        # requester died and writes why once it has exited; read before that, the reason was
+        # missing (CI: the row read between the signal and the exit).
+        if any(p.state in ManagedProcess.ALIVE_STATES for p in servers):
+            continue
         reason = "; ".join(f"{p.slot}: {p.last_error}" for p in servers if p.last_error)
         error = f"its Celery worker (pid {measurement.worker_pid}) stopped mid-run" + \
             (f" ({reason})" if reason else "")

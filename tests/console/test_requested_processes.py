@@ -187,15 +187,19 @@ def test_a_measurement_whose_celery_worker_died_is_failed_and_can_be_queued_agai
         measurement = VariantMeasurement.objects.create(
             variant=variant, node=node, dtype="float32", state="running", worker_pid=worker.pid,
             worker_started_at=started_at(worker.pid))
-        ManagedProcess.objects.create(
+        server = ManagedProcess.objects.create(
             kind=Kind.MEASUREMENT, slot=f"measure-{measurement.pk}-variant", role="colocated",
-            port=free_port(), state="failed", last_error="its requester (pid 1) is gone; stopped",
-            log_path=str(tmp_path / "m.log"))
+            port=free_port(), state="ready", log_path=str(tmp_path / "m.log"))
         assert measure.reap_orphans() == 0  # its worker is alive: still running
         with pytest.raises(measure.MeasureRefused, match="already being measured"):
             measure.queue_measurement(variant, node)
         worker.kill()
         worker.wait()
+        # The supervisor is stopping its server: failed once that is gone, with its reason.
+        ManagedProcess.objects.filter(pk=server.pk).update(state="stopping")
+        assert measure.reap_orphans() == 0
+        ManagedProcess.objects.filter(pk=server.pk).update(
+            state="failed", last_error="its requester (pid 1) is gone; stopped")
         assert measure.reap_orphans() == 1
     measurement.refresh_from_db()
     assert measurement.state == "failed"
