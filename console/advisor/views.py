@@ -34,6 +34,8 @@ def advice_page(request: HttpRequest, name: str) -> HttpResponse:
     deployment = _deployment(request, name)
     form = LoadForm(request.GET or None)
     advice, problem = None, ""
+    # Read before the advice: a measurement shown done is then one the advice has seen.
+    measurement = services.latest_measurement(deployment)
     if form.is_bound and not form.is_valid():
         problem = form.errors.as_text()
     else:
@@ -47,7 +49,7 @@ def advice_page(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "advisor/advice.html", {
         "deployment": deployment, "form": form, "advice": advice, "problem": problem,
         "query": request.GET.urlencode(), "strategies": Rollout.Strategy.choices,
-        "measurement": services.latest_measurement(deployment),
+        "measurement": measurement,
         "can_operate": may(request.user, deployment.team_id, Role.OPERATOR)})
 
 

@@ -59,11 +59,12 @@ class AdviceView(_OfDeployment):
         form = LoadForm(request.query_params)
         if not form.is_valid():
             return Response(services.form_errors(form), status=status.HTTP_400_BAD_REQUEST)
+        # Read before the advice: a measurement shown done is then one the advice has seen.
+        measurement = services.latest_measurement(deployment)
         try:
             advice = services.advice_for(deployment, form)
         except LoadUnavailable as exc:
             return Response(services.unavailable(exc), status=status.HTTP_400_BAD_REQUEST)
-        measurement = services.latest_measurement(deployment)
         advice["measurement"] = SpeedProfileSerializer(measurement).data if measurement else None
         return Response(advice)
 
