@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -109,7 +110,8 @@ def _wait_rollout(stack: Stack, rollout_id: int, done: Any, timeout_s: float) ->
     return body
 
 
-def _wait_for_load(stack: Stack, client: Any, answered_before: float) -> None:
+def _wait_for_load(stack: Stack, client: subprocess.Popen[bytes], answered_before: float
+                   ) -> None:
     """Until the router has answered the client's first requests: the client imports vLLM and
     samples its prompts first, which took more than the 10 s once waited here on a slow CI
     machine, and a rollout resumed before the load arrives pauses again on the same trickle."""
