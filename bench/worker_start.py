@@ -135,7 +135,8 @@ def timed_start(spec: WorkerSpec, variant: str, scenario: str, log: Path,
     try:
         seconds = wait_ready(process, spec.port, timeout_s)
         # vLLM's resource tracker is a process too; it holds a few MB.
-        tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+        server = psutil.Process(process.pid)
+        tree = [server, *server.children(recursive=True)]
         resident = sum(p.memory_info().rss for p in tree) / 2**30
     finally:
         stop(process)

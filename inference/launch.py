@@ -40,9 +40,10 @@ PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "
 # drops them to measure vLLM's own defaults).
 COMPILE_CACHE_ENV = ("VLLM_USE_AOT_COMPILE",)
 # How a CPU worker's model runs in its engine core, bound to its cores (engine_process_env;
-# bench/worker_start.py drops them to measure vLLM's three processes).
-ENGINE_PROCESS_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "OMP_PLACES",
-                      "OMP_PROC_BIND")
+# bench/worker_start.py drops them to measure vLLM's three processes, and a pod, whose cores
+# are the kubelet's, has no binding).
+OMP_BINDING_ENV = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND")
+ENGINE_PROCESS_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", *OMP_BINDING_ENV)
 
 
 @dataclass(frozen=True)
@@ -202,8 +203,9 @@ def engine_process_env(cores: tuple[int, ...]) -> dict[str, str]:
         listed = ",".join(str(c) for c in cores)
         # VLLM_CPU_OMP_THREADS_BIND is what vLLM reads for its own binding; kept so that an
         # operator who turns multiprocessing back on gets the same cores.
-        env.update(VLLM_CPU_OMP_THREADS_BIND=listed, OMP_NUM_THREADS=str(len(cores)),
-                   OMP_PLACES="{" + listed + "}", OMP_PROC_BIND="true")
+        env["VLLM_CPU_OMP_THREADS_BIND"] = listed
+        env.update(zip(OMP_BINDING_ENV, (str(len(cores)), "{" + listed + "}", "true"),
+                       strict=True))
     return env
 
 

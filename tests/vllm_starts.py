@@ -44,6 +44,13 @@ def is_server(cmdline: list[str]) -> bool:
     return not line.startswith("VLLM::") and any(marker in line for marker in SERVER_MARKERS)
 
 
+def engine_processes(pid: int) -> list[psutil.Process]:
+    """A vLLM server's engine core, where the model runs on a CPU (renamed VLLM::...), and any
+    worker process vLLM starts beside it: not its API server."""
+    return [child for child in psutil.Process(pid).children(recursive=True)
+            if " ".join(child.cmdline()).startswith("VLLM::")]
+
+
 def listens(process: psutil.Process) -> bool:
     return any(c.status == psutil.CONN_LISTEN for c in process.net_connections(kind="tcp"))
 

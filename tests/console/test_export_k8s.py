@@ -31,6 +31,7 @@ from console.gateway.router_admin import admin_token
 from console.gateway.services import create_key
 from console.supervisor.worker_keys import deployment_worker_key
 from inference.gateway.config import parse_config
+from inference.launch import OMP_BINDING_ENV
 from inference.router.config import build_parser
 from tests.console.sockets import free_port
 from tests.console.tiny_models import CHAT_TEMPLATE, make_plan
@@ -136,7 +137,7 @@ def pod_worker_env(spec: ProcessSpec, gpus: int, name: str) -> dict[str, Any]:
                XDG_CACHE_HOME="/var/cache/pdserve")
     # The kubelet's cores, not the host's: no binding of pdserve's; the container's cpuset
     # holds the model's threads.
-    for key in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND"):
+    for key in ("VLLM_CPU_OMP_THREADS_BIND", *OMP_BINDING_ENV):
         env.pop(key, None)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))

@@ -20,6 +20,7 @@ import pytest
 
 from tests.borrowed import FACILITY, Handle
 from tests.borrowed_plan import current_processes, plan_body, plan_of
+from tests.vllm_starts import engine_processes
 
 pytestmark = pytest.mark.vllm
 
@@ -78,11 +79,9 @@ def test_the_next_borrower_finds_it_ready_again(borrowed: Handle) -> None:
     # A restarted worker too: two interpreters per worker (API server and engine core, the
     # model in the latter), every thread of the server on the worker's core.
     for slot, core in (("prefill-0", "0"), ("decode-0", "1")):
-        server = psutil.Process(processes[slot]["pid"])
-        engines = [child for child in server.children(recursive=True)
-                   if " ".join(child.cmdline()).startswith("VLLM::")]
+        engines = engine_processes(processes[slot]["pid"])
         assert [e.name() for e in engines] == ["VLLM::EngineCore"], (slot, engines)
-        for process in (server, *engines):
+        for process in (psutil.Process(processes[slot]["pid"]), *engines):
             assert _allowed_cores(process) == {core}, (slot, process.name())
 
 

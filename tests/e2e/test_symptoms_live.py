@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference.router.asked_placement import PLACEMENT_HEADER
 from tests.borrowed import Handle
 from tests.e2e.doctor import wait_for_symptom
+from tests.vllm_starts import engine_processes
 
 pytestmark = pytest.mark.vllm
 
@@ -39,15 +40,10 @@ FROZEN_PREFILL_S = 6
 FROZEN_DECODE_S = 10
 
 
-def engine_processes(pid: int) -> list[psutil.Process]:
-    """A vLLM server's engine core, where the model runs (renamed VLLM::...), not its API server:
-    frozen, they stop generating while /health still answers, as a hung engine does."""
-    return [child for child in psutil.Process(pid).children(recursive=True)
-            if " ".join(child.cmdline()).startswith("VLLM::")]
-
-
 @contextmanager
 def frozen(pid: int) -> Iterator[None]:
+    """The server's engine processes stopped: they stop generating while /health still
+    answers, as a hung engine does."""
     engines = engine_processes(pid)
     assert engines, f"no engine processes under {pid}"
     for process in engines:

@@ -17,10 +17,12 @@ import pytest
 from inference.kv_channels import SharedStorageChannel, make_channel, uses_transfer_params
 from inference.launch import (
     COMPILE_CACHE_ENV,
+    ENGINE_PROCESS_ENV,
     VLLM_SERVER_MODULE,
     LaunchError,
     WorkerSpec,
     build_command,
+    engine_process_env,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,6 +128,8 @@ def test_cpu_cores_are_bound_for_cpu_workers() -> None:
     # worker's cores as vLLM's own worker process would bind them.
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert (env["OMP_NUM_THREADS"], env["OMP_PLACES"], env["OMP_PROC_BIND"]) == ("2", "{2,3}", "true")
+    # What the bench drops to measure vLLM's layout is what is set here, no more, no less.
+    assert set(engine_process_env((2, 3))) == {"VLLM_CPU_OMP_THREADS_BIND", *ENGINE_PROCESS_ENV}
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert env["VLLM_TARGET_DEVICE"] == "cpu"
     assert "CUDA_VISIBLE_DEVICES" not in env
